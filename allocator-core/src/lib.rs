@@ -1,0 +1,87 @@
+//! # remat-alloc — a PyTorch-grade caching device allocator
+//!
+//! `remat-alloc` re-implements PyTorch's `CUDACachingAllocator` rule for rule over a
+//! pluggable raw-memory [`Device`]: requests are rounded (512 B, optionally to
+//! power-of-two divisions), served best-fit from per-stream pools of cached free
+//! blocks (a *small* pool for ≤ 1 MiB, a *large* pool above), split and merged over
+//! address-contiguous blocks of one device allocation (a *segment*), and only when
+//! nothing fits does the allocator ask the device for a new segment — freeing cached
+//! segments and retrying before it gives up with an out-of-memory error that says
+//! where the memory went.
+//!
+//! ```text
+//!   segment (one Device::allocate)                       pools (free blocks only)
+//!   ┌──────────┬──────┬────────────┬──────────────┐      small: BTreeSet<(stream, size, ptr)>
+//!   │ alloc'd  │ free │  alloc'd   │     free     │      large: BTreeSet<(stream, size, ptr)>
+//!   └──────────┴──────┴────────────┴──────────────┘
+//!     prev ⇄ next links between address-contiguous blocks: split on malloc,
+//!     merge on free, never two free neighbours; get_adjacent_free_size reads
+//!     the two neighbours of a block in O(1).
+//! ```
+//!
+//! ## Module layout
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | [`device`] | the [`Device`] trait (segments, memory info, streams/events, optional virtual memory) and the simulated, host and CUDA (`cuda` feature) devices |
+//! | [`config`] | [`AllocatorConfig`]: `PYTORCH_CUDA_ALLOC_CONF` syntax, parsed once from `REMAT_ALLOC_CONF` / `PYTORCH_CUDA_ALLOC_CONF` |
+//! | [`size`] | constants and size arithmetic (`round_size`, segment sizes, `format_size`) |
+//! | `block`, `pool` (private) | the block arena (ids, not pointers, for prev/next) and the best-fit pools |
+//! | [`allocator`] | [`CachingAllocator`]: malloc / free / record_stream / empty_cache / expandable segments / memory fraction |
+//! | [`stats`] | [`DeviceStats`] with PyTorch's key names |
+//! | [`snapshot`] | [`Snapshot`] of segments and blocks, alloc/free trace, JSON and pickle export (`serde` feature) |
+//! | [`plan`] | static planning of repeated allocation sequences |
+//! | `sync` (private) | the std/loom switch: the only place that names a mutex |
+//!
+//! ## Public API in one glance
+//!
+//! ```
+//! use remat_alloc::{AllocatorConfig, CachingAllocator, SimulatedDevice, StreamId};
+//!
+//! # fn main() -> Result<(), remat_alloc::Error> {
+//! let device = SimulatedDevice::new(1 << 30); // 1 GiB of pretend device memory
+//! let alloc = CachingAllocator::new(device, AllocatorConfig::parse("max_split_size_mb:64")?)?;
+//! let a = alloc.malloc(3 << 20, StreamId::DEFAULT)?;     // 3 MiB from a 20 MiB segment
+//! let b = alloc.malloc(2 << 20, StreamId::DEFAULT)?;     // carved right after `a`
+//! alloc.free(a)?;
+//! let free = alloc.adjacent_free_size(&b)?;               // O(1): the hole a freed neighbour left
+//! assert_eq!((free.left, free.right), (3 << 20, 15 << 20));
+//! assert_eq!(alloc.stats().reserved_bytes.all.current, 20 << 20);
+//! println!("{}", alloc.memory_summary());
+//! # alloc.free(b)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Errors are typed ([`Error`]); an out-of-memory error ([`OutOfMemoryError`])
+//! carries the figures and prints PyTorch's message. Library code never panics on
+//! user input.
+
+pub mod allocator;
+pub mod config;
+pub mod device;
+mod error;
+// TEMP pub mod plan;
+pub mod size;
+pub mod snapshot;
+pub mod stats;
+
+mod block;
+mod pool;
+mod summary;
+mod sync;
+
+pub use allocator::{AdjacentFree, Allocation, BlockInfo, CachingAllocator, OomObserver};
+pub use config::{AllocatorConfig, ConfigError};
+pub use device::{
+    Device, DeviceError, DevicePtr, EventId, HostDevice, MemInfo, SimulatedDevice, StreamId,
+    VirtualMemory,
+};
+pub use error::{Error, OutOfMemoryError};
+pub use snapshot::{BlockState, Snapshot, TraceAction, TraceEntry};
+pub use stats::{DeviceStats, Stat, StatArray};
+
+#[cfg(feature = "cuda")]
+pub use device::CudaDevice;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
