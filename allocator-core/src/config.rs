@@ -42,8 +42,8 @@
 //! | `pinned_use_background_threads` | `True` / `False` | `False` | host allocator option; accepted and validated, no effect |
 //! | `pinned_reserve_segment_size_mb` | integer MiB, `> 0` | unset (0) | host allocator option; accepted and validated, no effect |
 //! | `pinned_free_catch_all` | `True` / `False` | `False` | host allocator option; accepted and validated, no effect |
-//! | `graph_capture_record_stream_reuse` | `True` / `False` | `False` | graph-capture option; accepted and validated |
-//! | `throw_on_cudamalloc_oom` | `True` / `False` | `False` | raise at once when the device allocation fails instead of freeing the cache and retrying |
+//! | `graph_capture_record_stream_reuse` | `True` / `False` | `False` | graph-capture option; accepted and validated, no effect (remat has no graph capture) |
+//! | `throw_on_cudamalloc_oom` | `True` / `False` | `False` | fail at once when the device cannot allocate a new segment, instead of releasing cached blocks and retrying |
 //! | `backend` | `native` | `native` | only the native caching allocator exists in remat: `cudaMallocAsync` / `hipMallocAsync` are rejected with [`ConfigError::UnsupportedBackend`], never silently ignored |
 //!
 //! The `roundup_power2_divisions` table has 16 slots: slot 0 covers sizes below

@@ -60,7 +60,7 @@ pub mod allocator;
 pub mod config;
 pub mod device;
 mod error;
-// TEMP pub mod plan;
+pub mod plan;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
@@ -70,7 +70,10 @@ mod pool;
 mod summary;
 mod sync;
 
-pub use allocator::{AdjacentFree, Allocation, BlockInfo, CachingAllocator, OomObserver};
+pub use allocator::{
+    AdjacentFree, Allocation, AllocatorView, BlockInfo, CachingAllocator, FreeMemoryCallback,
+    OomObserver,
+};
 pub use config::{AllocatorConfig, ConfigError};
 pub use device::{
     Device, DeviceError, DevicePtr, EventId, HostDevice, MemInfo, SimulatedDevice, StreamId,

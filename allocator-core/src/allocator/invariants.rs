@@ -124,7 +124,7 @@ impl State {
                 }
                 prev_state = Some((free, b.mapped));
                 ensure!(
-                    !(b.allocated && !b.mapped),
+                    !b.allocated || b.mapped,
                     "block {:#x} is allocated but unmapped",
                     b.ptr
                 );

@@ -108,8 +108,9 @@ pub struct CachingAllocator<D: Device> {
 
 #[derive(Default)]
 struct Hooks {
-    oom_observers: Vec<Arc<OomObserver>>,
-    free_memory_callbacks: Vec<Arc<FreeMemoryCallback>>,
+    // Arc<Box<..>>: loom's Arc cannot hold an unsized value.
+    oom_observers: Vec<Arc<Box<OomObserver>>>,
+    free_memory_callbacks: Vec<Arc<Box<FreeMemoryCallback>>>,
 }
 
 impl<D: Device> std::fmt::Debug for CachingAllocator<D> {
@@ -187,16 +188,31 @@ impl<D: Device> CachingAllocator<D> {
                 requested: size,
             });
         }
-        let mut g = self.guards();
-        g.st.process_events(&mut *g.dev)?;
-        let req = g.st.request(size, stream);
-
-        // 1. best fit from the cache.
-        if let Some(b) = g.st.get_free_block(&req) {
-            return Ok(self.found(&mut g.st, b, &req));
-        }
+        let mut st = lock(&self.state);
+        let req = st.request(size, stream);
+        // 1. best fit from the cache. The device is only locked when completed
+        //    stream events must be processed first, or on a miss.
+        let mut g = if st.events.is_empty() {
+            if let Some(b) = st.get_free_block(&req) {
+                return Ok(self.found(&mut st, b, &req));
+            }
+            Guards {
+                st,
+                dev: lock(&self.device),
+            }
+        } else {
+            let mut g = Guards {
+                st,
+                dev: lock(&self.device),
+            };
+            g.st.process_events(&mut *g.dev)?;
+            if let Some(b) = g.st.get_free_block(&req) {
+                return Ok(self.found(&mut g.st, b, &req));
+            }
+            g
+        };
         // 2. free-memory callbacks (outside the lock), then one more lookup.
-        let callbacks: Vec<Arc<FreeMemoryCallback>> =
+        let callbacks: Vec<Arc<Box<FreeMemoryCallback>>> =
             lock(&self.hooks).free_memory_callbacks.clone();
         if !callbacks.is_empty() {
             drop(g);
@@ -214,12 +230,14 @@ impl<D: Device> CachingAllocator<D> {
         // 4. a new segment; then free oversize blocks and retry; then free all and retry.
         let (g2, mut found) = self.alloc_block(g, &req, false)?;
         g = g2;
-        if found.is_none() && g.st.release_available_cached_blocks(&mut *g.dev, &req)? {
+        // throw_on_cudamalloc_oom: a failed device allocation is final.
+        let retry = !g.st.config.throw_on_cudamalloc_oom;
+        if retry && found.is_none() && g.st.release_available_cached_blocks(&mut *g.dev, &req)? {
             let (g2, f) = self.alloc_block(g, &req, false)?;
             g = g2;
             found = f;
         }
-        if found.is_none() {
+        if retry && found.is_none() {
             g.st.release_cached_blocks(&mut *g.dev)?;
             let (g2, f) = self.alloc_block(g, &req, true)?;
             g = g2;
@@ -294,28 +312,20 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Finds the live block `a` names, or says why it is not one.
     fn resolve(&self, st: &State, a: &Allocation) -> Result<BlockId> {
-        if a.owner != self.id {
-            return Err(Error::ForeignHandle {
-                ptr: a.ptr,
-                owner: a.owner,
-                this: self.id,
-            });
-        }
-        match st.blocks.try_get(a.block) {
-            Some(b) if b.serial == a.serial && b.allocated && b.ptr == a.ptr => Ok(a.block),
-            _ => Err(Error::InvalidHandle {
-                ptr: a.ptr,
-                reason: "not a live allocation (already freed?)",
-            }),
-        }
+        resolve(st, self.id, a)
     }
 
     /// Frees an allocation. If other streams used it ([`CachingAllocator::record_stream`])
     /// its block returns to the cache only once their events complete.
     pub fn free(&self, a: Allocation) -> Result<()> {
-        let mut g = self.guards();
-        let b = self.resolve(&g.st, &a)?;
-        g.st.free(&mut *g.dev, b)
+        let mut st = lock(&self.state);
+        let b = self.resolve(&st, &a)?;
+        if st.free(b) {
+            // Used on other streams: record events (the device is needed).
+            let mut dev = lock(&self.device);
+            st.insert_events(&mut *dev, b)?;
+        }
+        Ok(())
     }
 
     /// Marks `a` as used on `stream` too: when freed, it is not reused until the
@@ -330,9 +340,18 @@ impl<D: Device> CachingAllocator<D> {
     /// Free bytes immediately before and after `a` within its segment: two
     /// neighbour reads, O(1).
     pub fn adjacent_free_size(&self, a: &Allocation) -> Result<AdjacentFree> {
+        self.inspect(|v| v.adjacent_free_size(a))
+    }
+
+    /// Runs `f` with a read-only [`AllocatorView`] under one lock acquisition, for
+    /// many O(1) queries in a row (e.g. DTR scoring every eviction candidate).
+    /// `f` must not call back into this allocator: the lock is held.
+    pub fn inspect<R>(&self, f: impl FnOnce(&AllocatorView<'_>) -> R) -> R {
         let st = lock(&self.state);
-        let b = self.resolve(&st, a)?;
-        Ok(st.adjacent_free(b))
+        f(&AllocatorView {
+            st: &st,
+            owner: self.id,
+        })
     }
 
     /// Releases every cached, wholly free segment to the device (after waiting
@@ -439,6 +458,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Adds an observer called (outside the lock) after each out-of-memory error.
     pub fn add_oom_observer(&self, observer: impl Fn(&OutOfMemoryError) + Send + Sync + 'static) {
+        let observer: Box<OomObserver> = Box::new(observer);
         lock(&self.hooks).oom_observers.push(Arc::new(observer));
     }
 
@@ -447,7 +467,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn add_free_memory_callback(&self, callback: impl Fn() -> bool + Send + Sync + 'static) {
         lock(&self.hooks)
             .free_memory_callbacks
-            .push(Arc::new(callback));
+            .push(Arc::new(Box::new(callback) as Box<FreeMemoryCallback>));
     }
 
     /// Checks every invariant: each byte of each segment in exactly one block,
@@ -458,5 +478,51 @@ impl<D: Device> CachingAllocator<D> {
         lock(&self.state)
             .check_invariants()
             .map_err(Error::Internal)
+    }
+}
+
+/// The live block `a` names in `st` (owned by allocator `owner`), or why not.
+#[inline]
+fn resolve(st: &State, owner: u32, a: &Allocation) -> Result<BlockId> {
+    if a.owner != owner {
+        return Err(Error::ForeignHandle {
+            ptr: a.ptr,
+            owner: a.owner,
+            this: owner,
+        });
+    }
+    match st.blocks.try_get(a.block) {
+        Some(b) if b.serial == a.serial && b.allocated && b.ptr == a.ptr => Ok(a.block),
+        _ => Err(Error::InvalidHandle {
+            ptr: a.ptr,
+            reason: "not a live allocation (already freed?)",
+        }),
+    }
+}
+
+/// Read-only access to an allocator's blocks under one lock acquisition
+/// ([`CachingAllocator::inspect`]).
+pub struct AllocatorView<'a> {
+    st: &'a State,
+    owner: u32,
+}
+
+impl AllocatorView<'_> {
+    /// Free bytes immediately before and after `a` within its segment: two
+    /// neighbour reads, O(1), no lock.
+    #[inline]
+    pub fn adjacent_free_size(&self, a: &Allocation) -> Result<AdjacentFree> {
+        let b = resolve(self.st, self.owner, a)?;
+        Ok(self.st.adjacent_free(b))
+    }
+
+    /// Every block in address order (as [`CachingAllocator::blocks`]).
+    pub fn blocks(&self) -> Vec<BlockInfo> {
+        self.st.block_infos()
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.st.stats
     }
 }

@@ -234,10 +234,7 @@ impl State {
     fn process_events_slow<D: Device>(&mut self, dev: &mut D) -> Result<()> {
         let streams: Vec<StreamId> = self.events.keys().copied().collect();
         for s in streams {
-            loop {
-                let Some(&(event, block)) = self.events.get(&s).and_then(|q| q.front()) else {
-                    break;
-                };
+            while let Some(&(event, block)) = self.events.get(&s).and_then(|q| q.front()) {
                 if !dev.query_event(event).map_err(Error::Device)? {
                     break;
                 }
@@ -282,7 +279,9 @@ impl State {
         }
     }
 
-    fn insert_events<D: Device>(&mut self, dev: &mut D, id: BlockId) -> Result<()> {
+    /// Records an end-of-use event on every stream that used `id`; the block
+    /// returns to its pool when all have completed.
+    pub(crate) fn insert_events<D: Device>(&mut self, dev: &mut D, id: BlockId) -> Result<()> {
         let uses = std::mem::take(&mut self.blocks[id].stream_uses);
         for s in uses {
             let event = dev.record_event(s).map_err(Error::Device)?;
@@ -476,7 +475,10 @@ impl State {
 
     // ----- free and merge (spec §4.1–4.2) ----------------------------------------
 
-    pub(crate) fn free<D: Device>(&mut self, dev: &mut D, id: BlockId) -> Result<()> {
+    /// Marks `id` free for its caller (`free`, §4.1). Returns true when other
+    /// streams used it: the caller must then [`State::insert_events`]; otherwise
+    /// the block is back in its pool.
+    pub(crate) fn free(&mut self, id: BlockId) -> bool {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (size, small, requested, ptr, stream) =
@@ -488,12 +490,10 @@ impl State {
             self.stats.oversize_allocations.decrease(1);
         }
         self.record(TraceAction::FreeRequested, ptr, requested, stream);
-        if pending {
-            self.insert_events(dev, id)
-        } else {
+        if !pending {
             self.free_block(id);
-            Ok(())
         }
+        pending
     }
 
     /// Returns a free block to its pool, merging it with free neighbours.

@@ -497,3 +497,21 @@ fn snapshot_exports_json_and_pickle() {
     assert_eq!(back["segments"][0]["total_size"], 20 * MB);
     a.free(x).unwrap();
 }
+
+#[test]
+fn throw_on_cudamalloc_oom_skips_the_release_and_retry() {
+    let a = sim(GB, "throw_on_cudamalloc_oom:True");
+    let x = a.malloc(600 * MB, S0).unwrap();
+    a.free(x).unwrap();
+    assert!(a.malloc(700 * MB, S0).unwrap_err().is_out_of_memory());
+    let s = a.stats();
+    assert_eq!(
+        (s.num_alloc_retries, s.num_device_free, s.num_ooms),
+        (0, 0, 1)
+    );
+    // Without the option the cached block is released and the retry succeeds.
+    a.set_settings("throw_on_cudamalloc_oom:False").unwrap();
+    let y = a.malloc(700 * MB, S0).unwrap();
+    a.free(y).unwrap();
+    check(&a);
+}

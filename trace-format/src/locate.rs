@@ -1,0 +1,90 @@
+//! Finding the trace files, which live outside the repository.
+
+use std::path::{Path, PathBuf};
+
+use crate::Trace;
+
+/// The environment variable that points at a directory of trace files.
+pub const TRACES_DIR_ENV: &str = "REMAT_TRACES_DIR";
+
+/// The directory holding the DTR-paper traces, first found of:
+///
+/// 1. `$REMAT_TRACES_DIR`, if it is set and is a directory;
+/// 2. `../shared/traces/dtr-paper` relative to the current directory;
+/// 3. `shared/traces/dtr-paper` relative to the current directory;
+/// 4. `../shared/traces/dtr-paper` relative to the workspace root (where this
+///    crate was compiled).
+///
+/// `None` if none of them is a directory.
+pub fn traces_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(TRACES_DIR_ENV) {
+        let dir = PathBuf::from(dir);
+        if dir.is_dir() {
+            return Some(dir);
+        }
+    }
+    let candidates = [
+        PathBuf::from("../shared/traces/dtr-paper"),
+        PathBuf::from("shared/traces/dtr-paper"),
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/traces/dtr-paper"
+        )),
+    ];
+    candidates.into_iter().find(|p| p.is_dir())
+}
+
+/// The `*.log` files in [`traces_dir`], sorted by file name; empty if there is no
+/// traces directory.
+pub fn trace_files() -> Vec<PathBuf> {
+    let Some(dir) = traces_dir() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    files
+}
+
+/// Resolves a trace given as a path to an existing file, or as a short name
+/// (`"resnet32"`, matched against [`Trace::name_of`] of the files in
+/// [`traces_dir`], then as a file-name prefix). `None` if nothing matches.
+pub fn find_trace(name_or_path: &str) -> Option<PathBuf> {
+    let as_path = Path::new(name_or_path);
+    if as_path.is_file() {
+        return Some(as_path.to_path_buf());
+    }
+    let files = trace_files();
+    if let Some(p) = files.iter().find(|p| Trace::name_of(p) == name_or_path) {
+        return Some(p.clone());
+    }
+    files.into_iter().find(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(name_or_path))
+    })
+}
+
+/// For tests that need the traces: `Some(dir)` when [`traces_dir`] finds them.
+///
+/// When they are absent: if the environment variable `CI` is `"true"` this panics
+/// (a CI run must not silently skip), with a message naming `REMAT_TRACES_DIR`;
+/// otherwise it prints `skipping {test_name}: traces not found (set
+/// REMAT_TRACES_DIR)` to stderr and returns `None`.
+pub fn require_traces(test_name: &str) -> Option<PathBuf> {
+    if let Some(dir) = traces_dir() {
+        return Some(dir);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "{test_name}: the DTR-paper traces were not found; set {TRACES_DIR_ENV} to the \
+             directory holding them (e.g. shared/traces/dtr-paper)"
+        );
+    }
+    eprintln!("skipping {test_name}: traces not found (set {TRACES_DIR_ENV})");
+    None
+}
