@@ -1,0 +1,36 @@
+//! Subcommands of the `remat` binary, one module each.
+
+mod config;
+mod demo;
+pub mod plan;
+
+use clap::{Parser, Subcommand};
+
+/// remat: a caching allocator, rematerialization and static planning for Rust ML.
+#[derive(Debug, Parser)]
+#[command(name = "remat", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Allocator configuration (REMAT_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF syntax).
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
+    /// Replays an allocation pattern through the caching allocator and prints its summary.
+    Demo(demo::DemoArgs),
+    /// Plans a trace's storages into one arena (static planning) and compares
+    /// with the lower bound and the caching allocator.
+    Plan(plan::PlanArgs),
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    match cli.command {
+        Command::Config(c) => config::run(c),
+        Command::Demo(a) => demo::run(a),
+        Command::Plan(a) => plan::run(a),
+    }
+}
