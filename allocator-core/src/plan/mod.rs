@@ -64,11 +64,16 @@
 //! `start == end` is never alive: it needs no memory and gets offset 0 (or its place
 //! inside the request it overwrites).
 
+mod arena;
 mod best_fit;
 mod greedy;
 mod seed_sim;
 #[cfg(test)]
 mod tests;
+
+pub use arena::{
+    ArenaAllocation, ArenaConfig, ArenaMode, ArenaSnapshot, ArenaStats, PlannedArena, PlannedBlock,
+};
 
 use std::fmt;
 use std::str::FromStr;
