@@ -43,9 +43,16 @@ fn array_rows(lines: &mut Vec<String>, name: &str, arr: &StatArray, fmt: fn(i64,
     lines.push("-".repeat(75));
 }
 
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
+}
+
 /// Renders the summary table for one device.
 pub(crate) fn memory_summary(s: &DeviceStats, kind: &str, device: usize) -> String {
-    let unit = if kind == "CUDA" { "GPU" } else { "Device" };
+    // PyTorch's row names say "GPU"; other devices drop the word to keep the width.
+    let unit = if kind == "CUDA" { "GPU " } else { "" };
     let mut lines = vec![
         "=".repeat(75),
         format!(
@@ -77,7 +84,7 @@ pub(crate) fn memory_summary(s: &DeviceStats, kind: &str, device: usize) -> Stri
     );
     array_rows(
         &mut lines,
-        &format!("{unit} reserved memory"),
+        &capitalize(&format!("{unit}reserved memory")),
         &s.reserved_bytes,
         format_size,
     );
@@ -91,7 +98,7 @@ pub(crate) fn memory_summary(s: &DeviceStats, kind: &str, device: usize) -> Stri
     array_rows(&mut lines, "Active allocs", &s.active, format_count);
     array_rows(
         &mut lines,
-        &format!("{unit} reserved segments"),
+        &capitalize(&format!("{unit}reserved segments")),
         &s.segment,
         format_count,
     );
@@ -107,7 +114,7 @@ pub(crate) fn memory_summary(s: &DeviceStats, kind: &str, device: usize) -> Stri
         format_count,
     ));
     lines.push(row(
-        &format!("Oversize {unit} segments"),
+        &format!("Oversize {unit}segments"),
         &s.oversize_segments,
         format_count,
     ));
@@ -139,8 +146,11 @@ mod tests {
         s.allocated_bytes.increase(false, 96 << 20);
         let t = memory_summary(&s, "CUDA", 0);
         assert!(t.contains("GPU reserved memory"));
+        assert!(t.contains("Oversize GPU segments"));
         assert!(t.contains("Allocated memory"));
-        for l in t.lines() {
+        let sim = memory_summary(&s, "simulated", 0);
+        assert!(sim.contains("Reserved memory") && sim.contains("Oversize segments"));
+        for l in t.lines().chain(sim.lines()) {
             assert_eq!(l.chars().count(), 77, "line {l:?}");
         }
     }

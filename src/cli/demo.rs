@@ -12,12 +12,19 @@ pub struct DemoArgs {
     /// Number of training-like iterations to replay.
     #[arg(long, default_value_t = 3)]
     iterations: usize,
+    /// Also record the alloc/free history and write a snapshot here: a pickle
+    /// (open it on PyTorch's memory_viz page), or JSON if the name ends in `.json`.
+    #[arg(long)]
+    snapshot: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = AllocatorConfig::from_env()?;
     let alloc = CachingAllocator::new(SimulatedDevice::new(args.capacity_mb << 20), config)?;
     let s = StreamId::DEFAULT;
+    if args.snapshot.is_some() {
+        alloc.record_history(Some(remat_alloc::snapshot::HistoryConfig::default()))?;
+    }
     // Parameters: kept for the whole run.
     let params: Vec<_> = [4usize << 20, 4 << 20, 1 << 20, 16 << 10]
         .iter()
@@ -49,6 +56,20 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         stats.allocation.all.allocated - stats.num_device_alloc,
     );
     println!("{}", alloc.memory_summary());
+    if let Some(path) = &args.snapshot {
+        let snap = alloc.snapshot();
+        if path.extension().is_some_and(|e| e == "json") {
+            std::fs::write(path, snap.to_json())?;
+        } else {
+            std::fs::write(path, snap.to_pickle()?)?;
+        }
+        println!(
+            "snapshot ({} segments, {} trace entries) written to {}",
+            snap.segments.len(),
+            snap.device_traces.len(),
+            path.display()
+        );
+    }
     for p in params {
         alloc.free(p)?;
     }

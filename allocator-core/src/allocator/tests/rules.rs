@@ -469,7 +469,7 @@ fn summary_and_snapshot_reflect_state() {
     let x = a.malloc(5 * MB, S0).unwrap();
     let table = a.memory_summary();
     assert!(table.contains("Allocated memory"), "{table}");
-    assert!(table.contains("Device reserved memory"), "{table}");
+    assert!(table.contains("Reserved memory"), "{table}");
     let snap = a.snapshot();
     assert_eq!(snap.segments.len(), 1);
     assert_eq!(snap.segments[0].total_size, 20 * MB);
