@@ -132,14 +132,14 @@ impl State {
                 let pool = self.pool(b.pool);
                 if free && b.mapped {
                     ensure!(
-                        pool.blocks.get(&(b.stream, b.size, b.ptr)) == Some(&id),
+                        pool.get(b.stream, b.size, b.ptr) == Some(id),
                         "free block {:#x} is missing from its pool",
                         b.ptr
                     );
                     pool_free += 1;
                 } else {
                     ensure!(
-                        pool.blocks.get(&(b.stream, b.size, b.ptr)) != Some(&id),
+                        pool.get(b.stream, b.size, b.ptr) != Some(id),
                         "busy block {:#x} is in the free pool",
                         b.ptr
                     );
@@ -213,7 +213,7 @@ impl State {
             "{} live blocks but {seen} reachable from segment heads",
             self.blocks.live()
         );
-        let in_pools = self.small.blocks.len() + self.large.blocks.len();
+        let in_pools = self.small.len() + self.large.len();
         ensure!(
             in_pools == pool_free,
             "pools hold {in_pools} blocks but {pool_free} blocks are free"

@@ -171,18 +171,18 @@ impl State {
     #[inline]
     pub(crate) fn insert_into_blocks(&mut self, id: BlockId) {
         let b = &self.blocks[id];
-        let (kind, key) = (b.pool, (b.stream, b.size, b.ptr));
+        let (kind, stream, size, ptr) = (b.pool, b.stream, b.size, b.ptr);
         let pool = self.pool_mut(kind);
         let clock = pool.get_free_blocks_call_count;
-        pool.blocks.insert(key, id);
+        pool.insert(stream, size, ptr, id);
         self.blocks[id].gc_count_base = clock;
     }
 
     #[inline]
     pub(crate) fn remove_from_blocks(&mut self, id: BlockId) {
         let b = &self.blocks[id];
-        let (kind, key) = (b.pool, (b.stream, b.size, b.ptr));
-        let removed = self.pool_mut(kind).blocks.remove(&key);
+        let (kind, stream, size, ptr) = (b.pool, b.stream, b.size, b.ptr);
+        let removed = self.pool_mut(kind).remove(stream, size, ptr);
         debug_assert_eq!(removed, Some(id), "block {id:?} was not in its pool");
     }
 
@@ -312,12 +312,7 @@ impl State {
             pool.get_free_blocks_call_count += 1;
         }
         let pool = self.pool(req.pool);
-        let mut it = pool
-            .blocks
-            .range((req.stream, req.size, 0)..)
-            .take_while(|((s, _, _), _)| *s == req.stream)
-            .map(|(_, id)| *id)
-            .peekable();
+        let mut it = pool.at_least(req.stream, req.size).map(|e| e.id).peekable();
         let mut id = it.next()?;
         if self.blocks[id].expandable.is_some() {
             if expandable_active {
@@ -349,6 +344,7 @@ impl State {
                 }
             }
         }
+        drop(it);
         let size = self.blocks[id].size;
         if req.size < max_split && size >= max_split {
             return None; // normal requests never take oversize blocks
@@ -616,7 +612,7 @@ impl State {
         }
         let key = req.size.max(max_split);
         let pool = self.pool(req.pool);
-        let single = pool.lower_bound(req.stream, key).map(|(_, id)| id);
+        let single = pool.at_least(req.stream, key).next().map(|e| e.id);
         // Only whole segments may go back to the device; with expandable segments
         // on, ordinary large segments can be split, so split blocks are skipped.
         let releasable = |st: &State, id: BlockId| {
@@ -628,11 +624,9 @@ impl State {
             return Ok(true);
         }
         let candidates: Vec<BlockId> = pool
-            .blocks
-            .range(..(req.stream, key, 0))
-            .rev()
-            .take_while(|((s, size, _), _)| *s == req.stream && *size >= max_split)
-            .map(|(_, id)| *id)
+            .below_descending(req.stream, key)
+            .take_while(|e| e.size >= max_split)
+            .map(|e| e.id)
             .collect();
         let mut released = 0usize;
         for id in candidates {
@@ -656,7 +650,7 @@ impl State {
     }
 
     fn release_blocks<D: Device>(&mut self, dev: &mut D, kind: PoolKind) -> Result<()> {
-        let free: Vec<BlockId> = self.pool(kind).blocks.values().copied().collect();
+        let free: Vec<BlockId> = self.pool(kind).ids();
         let mut expandable = Vec::new();
         for id in free {
             let b = &self.blocks[id];
@@ -695,8 +689,8 @@ impl State {
         let eligible = |b: &Block| !b.is_split() && b.expandable.is_none();
         let mut total_age = 0.0;
         let mut count = 0usize;
-        for id in self.large.blocks.values() {
-            let b = &self.blocks[*id];
+        for id in self.large.ids() {
+            let b = &self.blocks[id];
             if !b.is_split() {
                 total_age += age(b);
                 count += 1;
@@ -710,7 +704,7 @@ impl State {
         while reclaimed < target && freed_any && count > 0 {
             let age_threshold = total_age / count as f64;
             freed_any = false;
-            let ids: Vec<BlockId> = self.large.blocks.values().copied().collect();
+            let ids: Vec<BlockId> = self.large.ids();
             for id in ids {
                 let b = &self.blocks[id];
                 if eligible(b) && age(b) >= age_threshold {
