@@ -101,12 +101,14 @@ impl BlockPool {
     }
 
     /// The id stored for `(stream, size, ptr)`, if any.
+    #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn get(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         self.map(stream)
             .and_then(|m| m.get(&key(size, ptr)).copied())
     }
 
     /// Number of free blocks.
+    #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
