@@ -95,6 +95,26 @@ fn record_stream_deferred_free() {
     });
 }
 
+/// With `release_lock_on_cudamalloc`, the state lock is dropped around the
+/// device allocation of a new segment: two threads growing the cache at once
+/// still end with consistent state and distinct segments.
+#[test]
+fn release_lock_on_device_malloc() {
+    loom::model(|| {
+        let cfg = AllocatorConfig::parse("release_lock_on_cudamalloc:True").unwrap();
+        let a = Arc::new(CachingAllocator::new(SimulatedDevice::new(64 * MB), cfg).unwrap());
+        let b = a.clone();
+        let t = thread::spawn(move || b.malloc(24 * MB, StreamId::DEFAULT).unwrap());
+        let x = a.malloc(24 * MB, StreamId::DEFAULT).unwrap();
+        let y = t.join().unwrap();
+        assert_ne!(x.ptr(), y.ptr());
+        assert_eq!(a.with_device(|d| d.segments().len()), 2);
+        a.free(x).unwrap();
+        a.free(y).unwrap();
+        settle(&a);
+    });
+}
+
 /// A deliberately broken model: a check-then-act race in *user* code around the
 /// allocator (read the allocated bytes, then allocate if zero). Each call is
 /// atomic, the sequence is not; loom must find the interleaving where both
