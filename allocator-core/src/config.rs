@@ -1125,6 +1125,45 @@ impl AllocatorConfig {
         Ok(self)
     }
 
+    /// Checks the fields directly, for a config built or edited by hand (the
+    /// fields are public): every rule the parser enforces on the string form,
+    /// in bytes. [`crate::CachingAllocator::new`] and `set_settings` call it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.large_segment_size <= MIN_LARGE_ALLOC || self.large_segment_size % MIB != 0 {
+            return Err(ConfigError::LargeSegmentSizeTooSmall {
+                value: self.large_segment_size / MIB,
+            });
+        }
+        let min = self.large_segment_size / MIB;
+        if self.max_split_size != usize::MAX && self.max_split_size < self.large_segment_size {
+            let value = self.max_split_size / MIB;
+            return Err(ConfigError::SplitSizeTooSmall {
+                key: "max_split_size_mb",
+                value,
+                min,
+            });
+        }
+        if self.max_non_split_rounding_size < self.large_segment_size {
+            let value = self.max_non_split_rounding_size / MIB;
+            return Err(ConfigError::SplitSizeTooSmall {
+                key: "max_non_split_rounding_mb",
+                value,
+                min,
+            });
+        }
+        for (slot, &value) in self.roundup_power2_divisions.iter().enumerate() {
+            if value != 0 && !value.is_power_of_two() {
+                let interval = (1usize << slot).to_string();
+                return Err(ConfigError::RoundupListDivisions { interval, value });
+            }
+        }
+        if self.garbage_collection_threshold != 0.0 {
+            check_gc_threshold(self.garbage_collection_threshold)?;
+        }
+        check_memory_fraction(self.per_process_memory_fraction)?;
+        Ok(())
+    }
+
     /// The cap on reserved bytes for a device of `total` bytes: `None` when the
     /// fraction is 1.0 (no cap), else `Some((fraction * total) as usize)`.
     pub fn memory_fraction_limit(&self, total: usize) -> Option<usize> {

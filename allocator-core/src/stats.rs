@@ -127,9 +127,12 @@ pub struct DeviceStats {
     pub inactive_split_bytes: StatArray,
     /// Bytes callers asked for (unrounded) in active blocks.
     pub requested_bytes: StatArray,
-    /// Allocations of ≥ `max_split_size` bytes.
+    /// Allocations of ≥ `max_split_size` bytes. The threshold is the
+    /// `max_split_size` the allocator was created with (the one reported in
+    /// [`DeviceStats::max_split_size`]): unlike PyTorch, a later settings change
+    /// does not move it, so increments and decrements always match.
     pub oversize_allocations: Stat,
-    /// Segments of ≥ `max_split_size` bytes.
+    /// Segments of ≥ `max_split_size` bytes (same threshold as above).
     pub oversize_segments: Stat,
     /// Device allocations retried after releasing every cached block.
     pub num_alloc_retries: i64,

@@ -51,7 +51,9 @@ impl State {
         req: &Request,
     ) -> Result<Option<BlockId>> {
         let size = req.size;
-        let mut c = self.find_expandable_block(dev, req.stream, req.pool, size)?;
+        let Some(mut c) = self.find_expandable_block(dev, req.stream, req.pool, size)? else {
+            return Ok(None); // larger than a whole reservation: out of memory
+        };
         // c heads a run of free/unmapped blocks with room for `size`:
         //   unmapped -> …   |   free -> unmapped -> …
         if !self.blocks[c].mapped {
@@ -77,14 +79,15 @@ impl State {
     }
 
     /// The lowest-address place on `stream` where consecutive allocatable blocks
-    /// (free or unmapped) add up to `size`; a new reservation when none does.
+    /// (free or unmapped) add up to `size`; a new reservation when none does;
+    /// `None` when `size` exceeds a whole reservation (no device could serve it).
     fn find_expandable_block<D: Device>(
         &mut self,
         dev: &mut D,
         stream: StreamId,
         kind: PoolKind,
         size: usize,
-    ) -> Result<BlockId> {
+    ) -> Result<Option<BlockId>> {
         let allocatable =
             |st: &State, b: Option<BlockId>| b.is_some_and(|b| st.blocks[b].is_free());
         let candidates: Vec<BlockId> = self
@@ -107,33 +110,45 @@ impl State {
                 cur = self.blocks[id].next;
             }
             if bytes >= size {
-                return Ok(c);
+                return Ok(Some(c));
             }
         }
-        // A new reservation: ~1.125 x the device's memory, in whole pages.
+        // A new reservation: 1.125 x the device's memory, in whole pages.
         let page = if kind.is_small() {
             SMALL_BUFFER
         } else {
             self.config.large_segment_size
         };
         let total = self.device_total.max(page);
-        let pages = (total + total / 8).div_ceil(page).max(size.div_ceil(page));
-        let va_size = pages * page;
+        let pages = total.saturating_add(total / 8).div_ceil(page);
+        let Some(va_size) = pages.checked_mul(page).filter(|&va| va >= size) else {
+            return Ok(None);
+        };
         let vmm = dev.virtual_memory().ok_or_else(vmm_missing)?;
         let base = vmm.reserve(va_size).map_err(Error::Device)?;
-        let seg_index = self.expandable.len();
-        self.expandable.push(Some(ExpandableSegment {
+        let segment = Some(ExpandableSegment {
             base,
             size: va_size,
             page,
             mapped: vec![false; pages],
-        }));
+        });
+        // Reuse the slot of a released reservation, if any.
+        let seg_index = match self.expandable.iter().position(Option::is_none) {
+            Some(i) => {
+                self.expandable[i] = segment;
+                i
+            }
+            None => {
+                self.expandable.push(segment);
+                self.expandable.len() - 1
+            }
+        };
         let mut b = Block::new(base, va_size, stream, kind);
         b.mapped = false;
         b.expandable = Some(seg_index);
         let id = self.blocks.insert(b);
         self.insert_unmapped(id);
-        Ok(id)
+        Ok(Some(id))
     }
 
     /// Backs the first `size` bytes (rounded up to pages) of the unmapped block

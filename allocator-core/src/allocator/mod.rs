@@ -139,6 +139,7 @@ impl<D: Device> CachingAllocator<D> {
     /// but the device has no virtual memory, and with [`Error::InvalidFraction`]
     /// for a fraction outside [0, 1].
     pub fn new(mut device: D, config: AllocatorConfig) -> Result<Self> {
+        config.validate()?;
         let has_vmm = device.virtual_memory().is_some();
         if config.expandable_segments && !has_vmm {
             return Err(Error::Unsupported {
@@ -230,8 +231,10 @@ impl<D: Device> CachingAllocator<D> {
         // 4. a new segment; then free oversize blocks and retry; then free all and retry.
         let (g2, mut found) = self.alloc_block(g, &req, false)?;
         g = g2;
-        // throw_on_cudamalloc_oom: a failed device allocation is final.
-        let retry = !g.st.config.throw_on_cudamalloc_oom;
+        // throw_on_cudamalloc_oom: a failed device allocation is final (a refusal
+        // by the memory fraction, where the device was not asked, still retries).
+        let device_refused = found.is_none() && !g.st.over_memory_fraction(req.alloc_size);
+        let retry = !(g.st.config.throw_on_cudamalloc_oom && device_refused);
         if retry && found.is_none() && g.st.release_available_cached_blocks(&mut *g.dev, &req)? {
             let (g2, f) = self.alloc_block(g, &req, false)?;
             g = g2;
@@ -320,10 +323,14 @@ impl<D: Device> CachingAllocator<D> {
     pub fn free(&self, a: Allocation) -> Result<()> {
         let mut st = lock(&self.state);
         let b = self.resolve(&st, &a)?;
-        if st.free(b) {
-            // Used on other streams: record events (the device is needed).
+        if !st.blocks[b].stream_uses.is_empty() {
+            // Used on other streams: record their end-of-use events first. If the
+            // device fails, nothing has changed and the handle is still live.
             let mut dev = lock(&self.device);
-            st.insert_events(&mut *dev, b)?;
+            let events = st.record_use_events(&mut *dev, b)?;
+            st.free(b, events);
+        } else {
+            st.free(b, Vec::new());
         }
         Ok(())
     }
@@ -427,6 +434,7 @@ impl<D: Device> CachingAllocator<D> {
         let mut st = lock(&self.state);
         let mut cfg = st.config.clone();
         cfg.update(settings)?;
+        cfg.validate()?;
         if cfg.expandable_segments && !st.has_vmm {
             return Err(Error::Unsupported {
                 setting: "expandable_segments:True",
@@ -509,7 +517,7 @@ pub struct AllocatorView<'a> {
 
 impl AllocatorView<'_> {
     /// Free bytes immediately before and after `a` within its segment: two
-    /// neighbour reads, O(1), no lock.
+    /// neighbour reads, O(1), under the view's lock.
     #[inline]
     pub fn adjacent_free_size(&self, a: &Allocation) -> Result<AdjacentFree> {
         let b = resolve(self.st, self.owner, a)?;

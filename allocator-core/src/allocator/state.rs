@@ -279,16 +279,27 @@ impl State {
         }
     }
 
-    /// Records an end-of-use event on every stream that used `id`; the block
-    /// returns to its pool when all have completed.
-    pub(crate) fn insert_events<D: Device>(&mut self, dev: &mut D, id: BlockId) -> Result<()> {
-        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
-        for s in uses {
-            let event = dev.record_event(s).map_err(Error::Device)?;
-            self.blocks[id].event_count += 1;
-            self.events.entry(s).or_default().push_back((event, id));
+    /// Records an end-of-use event on every stream that used `id`. All or
+    /// nothing: if the device fails, the events recorded so far are destroyed and
+    /// the block is unchanged.
+    pub(crate) fn record_use_events<D: Device>(
+        &mut self,
+        dev: &mut D,
+        id: BlockId,
+    ) -> Result<Vec<(StreamId, EventId)>> {
+        let mut events = Vec::with_capacity(self.blocks[id].stream_uses.len());
+        for &s in &self.blocks[id].stream_uses {
+            match dev.record_event(s) {
+                Ok(e) => events.push((s, e)),
+                Err(err) => {
+                    for (_, e) in events {
+                        dev.destroy_event(e);
+                    }
+                    return Err(Error::Device(err));
+                }
+            }
         }
-        Ok(())
+        Ok(events)
     }
 
     pub(crate) fn record_stream(&mut self, id: BlockId, stream: StreamId) {
@@ -471,25 +482,28 @@ impl State {
 
     // ----- free and merge (spec §4.1–4.2) ----------------------------------------
 
-    /// Marks `id` free for its caller (`free`, §4.1). Returns true when other
-    /// streams used it: the caller must then [`State::insert_events`]; otherwise
-    /// the block is back in its pool.
-    pub(crate) fn free(&mut self, id: BlockId) -> bool {
+    /// Marks `id` free for its caller (`free`, §4.1). With `events` (one per
+    /// stream that used the block, from [`State::record_use_events`]) the block
+    /// stays active until they complete; without, it returns to its pool now.
+    pub(crate) fn free(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
         let b = &mut self.blocks[id];
         b.allocated = false;
+        b.stream_uses.clear();
+        b.event_count = events.len() as u32;
         let (size, small, requested, ptr, stream) =
             (b.size, b.pool.is_small(), b.requested, b.ptr, b.stream);
-        let pending = !b.stream_uses.is_empty();
         self.stats.allocation.decrease(small, 1);
         self.stats.allocated_bytes.decrease(small, size as i64);
         if size >= self.oversize_threshold {
             self.stats.oversize_allocations.decrease(1);
         }
         self.record(TraceAction::FreeRequested, ptr, requested, stream);
-        if !pending {
+        if events.is_empty() {
             self.free_block(id);
         }
-        pending
+        for (s, e) in events {
+            self.events.entry(s).or_default().push_back((e, id));
+        }
     }
 
     /// Returns a free block to its pool, merging it with free neighbours.
@@ -586,6 +600,8 @@ impl State {
         let b = &self.blocks[id];
         debug_assert!(!b.is_split() && b.expandable.is_none() && b.is_free());
         let (ptr, size, small, stream) = (b.ptr, b.size, b.pool.is_small(), b.stream);
+        // The device first: if it refuses, the segment stays cached and counted.
+        dev.free(ptr, size).map_err(Error::Device)?;
         self.remove_from_blocks(id);
         self.blocks.remove(id);
         self.stats.num_device_free += 1;
@@ -596,7 +612,7 @@ impl State {
         if size >= self.oversize_threshold {
             self.stats.oversize_segments.decrease(1);
         }
-        dev.free(ptr, size).map_err(Error::Device)
+        Ok(())
     }
 
     /// Frees only enough cached oversize blocks for `req` (§3.5). Blocks released
@@ -746,9 +762,9 @@ impl State {
         dev: &mut D,
         req: &Request,
     ) -> Result<OutOfMemoryError> {
+        self.stats.num_ooms += 1;
         let info = dev.mem_info().map_err(Error::Device)?;
         self.record(TraceAction::Oom, info.free as u64, req.size, req.stream);
-        self.stats.num_ooms += 1;
         Ok(OutOfMemoryError {
             device_kind: self.device_kind,
             device_index: self.device_index,

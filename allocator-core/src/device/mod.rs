@@ -21,7 +21,7 @@ mod simulated;
 mod cuda;
 
 pub use host::HostDevice;
-pub use simulated::{SimulatedDevice, SimulatedDeviceBuilder};
+pub use simulated::{SimOp, SimulatedDevice, SimulatedDeviceBuilder};
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDevice;
@@ -118,8 +118,8 @@ pub trait Device: Send {
     /// Releases the event's resources; it is not used again.
     fn destroy_event(&mut self, event: EventId);
     /// The device's virtual-memory interface, for expandable segments; `None`
-    /// when unsupported (the allocator then treats `expandable_segments` as
-    /// off and says so in [`crate::CachingAllocator::expandable_segments_active`]).
+    /// when unsupported (asking for `expandable_segments:True` on such a device
+    /// is then an [`crate::Error::Unsupported`], never silently ignored).
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
         None
     }

@@ -41,11 +41,23 @@ pub struct SimulatedDevice {
     streams: BTreeMap<StreamId, StreamState>,
     events: BTreeMap<u64, (StreamId, u64)>,
     next_event: u64,
-    /// Failures to inject into the next `allocate`/`map` calls, in order.
-    injected: VecDeque<DeviceError>,
+    /// Failures to inject, each into the next call of its operation, in order.
+    injected: VecDeque<(SimOp, DeviceError)>,
     /// Counters, for tests.
     allocate_calls: u64,
     free_calls: u64,
+}
+
+/// Operations of a [`SimulatedDevice`] that can be made to fail
+/// ([`SimulatedDevice::inject_failure_on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimOp {
+    /// `allocate`, and `map` of virtual memory.
+    Allocate,
+    /// `free`.
+    Free,
+    /// `record_event`.
+    RecordEvent,
 }
 
 /// Builder for a [`SimulatedDevice`].
@@ -125,7 +137,12 @@ impl SimulatedDevice {
     /// Makes the next `allocate` (or `map`) call fail with `err` instead of
     /// running. Several injections fail several calls, in order.
     pub fn inject_failure(&mut self, err: DeviceError) {
-        self.injected.push_back(err);
+        self.inject_failure_on(SimOp::Allocate, err);
+    }
+
+    /// Makes the next call of `op` fail with `err` instead of running.
+    pub fn inject_failure_on(&mut self, op: SimOp, err: DeviceError) {
+        self.injected.push_back((op, err));
     }
 
     /// Queues work on `stream`: events recorded from now on stay incomplete
@@ -159,9 +176,12 @@ impl SimulatedDevice {
         self.events.len()
     }
 
-    fn take_injected(&mut self) -> Result<(), DeviceError> {
-        match self.injected.pop_front() {
-            Some(e) => Err(e),
+    fn take_injected(&mut self, op: SimOp) -> Result<(), DeviceError> {
+        match self.injected.iter().position(|(o, _)| *o == op) {
+            Some(i) => Err(self
+                .injected
+                .remove(i)
+                .map_or_else(|| DeviceError::Other("injected".into()), |(_, e)| e)),
             None => Ok(()),
         }
     }
@@ -182,7 +202,7 @@ impl Device for SimulatedDevice {
 
     fn allocate(&mut self, bytes: usize) -> Result<DevicePtr, DeviceError> {
         self.allocate_calls += 1;
-        self.take_injected()?;
+        self.take_injected(SimOp::Allocate)?;
         if bytes == 0 {
             return Err(DeviceError::Other("allocate of 0 bytes".into()));
         }
@@ -195,6 +215,7 @@ impl Device for SimulatedDevice {
     }
 
     fn free(&mut self, ptr: DevicePtr, bytes: usize) -> Result<(), DeviceError> {
+        self.take_injected(SimOp::Free)?;
         match self.segments.get(&ptr) {
             Some(&size) if size == bytes => {
                 self.segments.remove(&ptr);
@@ -214,6 +235,7 @@ impl Device for SimulatedDevice {
     }
 
     fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        self.take_injected(SimOp::RecordEvent)?;
         let id = self.next_event;
         self.next_event += 1;
         let ticket = self.streams.get(&stream).map_or(0, |s| s.submitted);
@@ -261,7 +283,7 @@ impl VirtualMemory for SimulatedDevice {
     }
 
     fn map(&mut self, va: DevicePtr, bytes: usize, page_size: usize) -> Result<(), DeviceError> {
-        self.take_injected()?;
+        self.take_injected(SimOp::Allocate)?;
         if page_size == 0 || bytes % page_size != 0 {
             return Err(DeviceError::Other(format!(
                 "map of {bytes} bytes is not whole pages of {page_size}"

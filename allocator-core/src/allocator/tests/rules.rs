@@ -515,3 +515,96 @@ fn throw_on_cudamalloc_oom_skips_the_release_and_retry() {
     a.free(y).unwrap();
     check(&a);
 }
+
+#[test]
+fn expandable_request_beyond_any_reservation_is_oom_and_leaves_nothing() {
+    let a = sim(GB, "expandable_segments:True");
+    for size in [800_000_000usize << 30, 1 << 40, 2 * GB] {
+        assert!(
+            matches!(a.malloc(size, S0), Err(Error::OutOfMemory(_))),
+            "{size}"
+        );
+    }
+    a.empty_cache().unwrap();
+    assert!(
+        a.blocks().is_empty(),
+        "no reservation is left behind: {:?}",
+        a.blocks()
+    );
+    let x = a.malloc(100 * MB, S0).unwrap();
+    a.free(x).unwrap();
+    check(&a);
+}
+
+#[test]
+fn hand_edited_configs_are_validated() {
+    let mk = |f: &dyn Fn(&mut AllocatorConfig)| {
+        let mut c = AllocatorConfig::default();
+        f(&mut c);
+        CachingAllocator::new(SimulatedDevice::new(GB), c)
+    };
+    assert!(matches!(
+        mk(&|c| c.large_segment_size = 4 * MB),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        mk(&|c| c.large_segment_size = 0),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        mk(&|c| c.roundup_power2_divisions = [3; 16]),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        mk(&|c| c.max_split_size = MB),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        mk(&|c| c.garbage_collection_threshold = 1.5),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        mk(&|c| c.per_process_memory_fraction = f64::NAN),
+        Err(Error::Config(_))
+    ));
+    assert!(mk(&|c| c.max_split_size = 64 * MB).is_ok());
+}
+
+#[test]
+fn failed_event_record_leaves_the_allocation_live() {
+    use crate::device::SimOp;
+    let a = sim(GB, "");
+    let x = a.malloc(4096, S0).unwrap();
+    a.record_stream(&x, StreamId(1)).unwrap();
+    a.record_stream(&x, StreamId(2)).unwrap();
+    a.with_device(|d| {
+        d.enqueue_work(StreamId(1));
+        d.inject_failure_on(
+            SimOp::RecordEvent,
+            DeviceError::Other("event pool exhausted".into()),
+        )
+    });
+    assert!(matches!(a.free(x.clone()), Err(Error::Device(_))));
+    check(&a);
+    assert_eq!(a.memory_allocated(), 512 * 8, "nothing changed");
+    assert_eq!(a.with_device(|d| d.live_events()), 0, "no event leaked");
+    a.free(x).unwrap(); // the handle is still live; now the events are recorded
+    a.with_device(|d| d.complete_all());
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    check(&a);
+}
+
+#[test]
+fn failed_device_free_keeps_the_segment_cached() {
+    use crate::device::SimOp;
+    let a = sim(GB, "");
+    let x = a.malloc(30 * MB, S0).unwrap();
+    a.free(x).unwrap();
+    a.with_device(|d| d.inject_failure_on(SimOp::Free, DeviceError::Other("busy".into())));
+    assert!(matches!(a.empty_cache(), Err(Error::Device(_))));
+    assert_eq!(a.memory_reserved(), 30 * MB, "still counted");
+    check(&a);
+    a.empty_cache().unwrap();
+    assert_eq!((a.memory_reserved(), a.with_device(|d| d.used())), (0, 0));
+}
