@@ -69,7 +69,7 @@ fn hot_path(c: &mut Criterion) {
 fn replay_remat(
     a: &CachingAllocator<SimulatedDevice>,
     events: &[StorageEvent],
-    live: &mut Vec<Option<Allocation>>,
+    live: &mut [Option<Allocation>],
 ) -> usize {
     let mut ops = 0;
     for e in events {
@@ -95,7 +95,7 @@ fn replay_remat(
 fn replay_offset(
     a: &mut offset_allocator::Allocator,
     events: &[StorageEvent],
-    live: &mut Vec<Option<offset_allocator::Allocation>>,
+    live: &mut [Option<offset_allocator::Allocation>],
 ) -> usize {
     let mut ops = 0;
     for e in events {

@@ -35,7 +35,7 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         let batch = 30 + it;
         let mut acts = Vec::new();
         for layer in 0..8 {
-            acts.push(alloc.malloc(batch * (layer + 1) * 96 << 10, s)?);
+            acts.push(alloc.malloc((batch * (layer + 1) * 96) << 10, s)?);
             let tmp = alloc.malloc(300 << 10, s)?; // a small scratch buffer
             alloc.free(tmp)?;
         }

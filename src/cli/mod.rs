@@ -3,6 +3,7 @@
 mod config;
 mod demo;
 pub mod plan;
+pub mod replay;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,9 @@ enum Command {
     /// Plans a trace's storages into one arena (static planning) and compares
     /// with the lower bound and the caching allocator.
     Plan(plan::PlanArgs),
+    /// Replays a DTR-paper trace through the DTR runtime under a memory budget
+    /// (or sweeps traces × ratios × policies).
+    Replay(Box<replay::ReplayArgs>),
 }
 
 /// Runs the parsed command line.
@@ -32,5 +36,6 @@ pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Config(c) => config::run(c),
         Command::Demo(a) => demo::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Replay(a) => replay::run(*a),
     }
 }

@@ -1,0 +1,435 @@
+//! [`DtrConfig`]: the runtime's settings, parsed from `REMAT_DTR_CONF` with the
+//! allocator's `key:value,key:value` syntax. A bad key or value is a typed
+//! [`ConfigError`] that names it, never a silent default.
+//!
+//! | key | values | default |
+//! |---|---|---|
+//! | `budget` | bytes, with optional `KB`/`MB`/`GB`/`KiB`/`MiB`/`GiB` suffix, or `none` | `none` |
+//! | `budget_mode` | `physical` \| `logical` | `physical` |
+//! | `policy` | see [`PolicyKind::NAMES`] | `remat` |
+//! | `sampling` | `on`/`off` (√N random candidates per decision) | `on` |
+//! | `filter` | `on`/`off` (ignore candidates < 1 % of the mean size) | `on` |
+//! | `min_evictee_bytes` | bytes: storages below are never candidates | `0` |
+//! | `threshold` | bytes or `none`: evict before each op while above | `none` |
+//! | `seed` | u64 for the sampler | `0x5eed` |
+//! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
+//! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The environment variable read by [`DtrConfig::from_env`].
+pub const ENV_VAR: &str = "REMAT_DTR_CONF";
+
+/// How the budget is accounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum BudgetMode {
+    /// A remat-alloc caching allocator over a device whose capacity is the budget:
+    /// rounding, segments and fragmentation count; a failed allocation triggers
+    /// eviction and a retry.
+    #[default]
+    Physical,
+    /// The sum of live storage bytes (the DTR paper's accounting).
+    Logical,
+}
+
+impl BudgetMode {
+    /// Name used in configs, CLI and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetMode::Physical => "physical",
+            BudgetMode::Logical => "logical",
+        }
+    }
+}
+
+impl FromStr for BudgetMode {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "physical" => Ok(Self::Physical),
+            "logical" => Ok(Self::Logical),
+            _ => Err(ConfigError::bad("budget_mode", s, "physical | logical")),
+        }
+    }
+}
+
+impl fmt::Display for BudgetMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The eviction policies shipped with remat-dtr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum PolicyKind {
+    /// remat's default: h_DTR^eq over a sample, re-ranked by the hole each
+    /// eviction opens in the allocator (see [`crate::policy::RematPolicy`]).
+    #[default]
+    Remat,
+    /// h_DTR with the exact evicted neighbourhood e*.
+    Dtr,
+    /// h_DTR^eq: e* approximated by union-find over evicted components.
+    DtrEq,
+    /// h_DTR^local: own cost only.
+    DtrLocal,
+    /// Memory saved per second of recomputation (Capuchin-style, no staleness).
+    Msps,
+    /// Least recently used.
+    Lru,
+    /// Largest storage first.
+    LargestFirst,
+    /// MegEngine's score with free_left + free_right and a recompute-count penalty.
+    MegEngine,
+    /// Coop-style cheapest contiguous window over address-ordered blocks.
+    Coop,
+}
+
+impl PolicyKind {
+    /// Every policy, in report order.
+    pub const ALL: [PolicyKind; 9] = [
+        PolicyKind::Remat,
+        PolicyKind::Dtr,
+        PolicyKind::DtrEq,
+        PolicyKind::DtrLocal,
+        PolicyKind::Msps,
+        PolicyKind::Lru,
+        PolicyKind::LargestFirst,
+        PolicyKind::MegEngine,
+        PolicyKind::Coop,
+    ];
+    /// Accepted names, in the order of [`PolicyKind::ALL`].
+    pub const NAMES: [&'static str; 9] = [
+        "remat",
+        "dtr",
+        "dtr-eq",
+        "dtr-local",
+        "msps",
+        "lru",
+        "largest",
+        "megengine",
+        "coop",
+    ];
+
+    /// Name used in configs, CLI and JSON.
+    pub fn name(self) -> &'static str {
+        let i = Self::ALL.iter().position(|p| *p == self).unwrap_or(0);
+        Self::NAMES[i]
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let alias = match s {
+            "h_dtr" | "dtr-exact" => "dtr",
+            "h_dtr_eq" | "dtr_eq" => "dtr-eq",
+            "h_dtr_local" | "dtr_local" => "dtr-local",
+            "largest-first" | "largest_first" => "largest",
+            other => other,
+        };
+        Self::NAMES
+            .iter()
+            .position(|n| *n == alias)
+            .map(|i| Self::ALL[i])
+            .ok_or_else(|| ConfigError::bad("policy", s, &Self::NAMES.join(" | ")))
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Exponents of MegEngine's score `(cost + 1e-3)^a · r^recomputes /
+/// (((bytes + free_left + free_right) / MiB)^b · (staleness + 1e-3)^c)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MegEngineParams {
+    /// Exponent of the neighbourhood cost.
+    pub cost: f64,
+    /// Exponent of the memory term.
+    pub memory: f64,
+    /// Exponent of the staleness term.
+    pub staleness: f64,
+    /// Base of the recompute-count penalty (`r^recomputes`).
+    pub recompute_base: f64,
+}
+
+impl Default for MegEngineParams {
+    /// MegEngine 1.4's values: 1, 1, 1, 1.0001.
+    fn default() -> Self {
+        Self {
+            cost: 1.0,
+            memory: 1.0,
+            staleness: 1.0,
+            recompute_base: 1.0001,
+        }
+    }
+}
+
+/// Runtime settings. Plain data with builder methods; see the module doc for keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DtrConfig {
+    /// Budget in bytes; `None` is unbounded (no eviction ever).
+    pub budget: Option<u64>,
+    /// How the budget is accounted.
+    pub budget_mode: BudgetMode,
+    /// Which eviction policy decides.
+    pub policy: PolicyKind,
+    /// Sample ⌈√N⌉ candidates per decision instead of scanning all N.
+    pub sampling: bool,
+    /// Ignore candidates smaller than 1 % of the mean candidate size.
+    pub filter: bool,
+    /// Storages smaller than this are never eviction candidates.
+    pub min_evictee_bytes: u64,
+    /// Evict before each op while resident bytes exceed this.
+    pub threshold: Option<u64>,
+    /// Seed of the candidate sampler (decisions are deterministic for a seed).
+    pub seed: u64,
+    /// MegEngine score exponents.
+    pub megengine: MegEngineParams,
+    /// Physical budgets: let the allocator grow expandable segments (PyTorch's
+    /// `expandable_segments:True`) instead of fixed 2/20 MiB segments.
+    pub expandable_segments: bool,
+}
+
+impl Default for DtrConfig {
+    fn default() -> Self {
+        Self {
+            budget: None,
+            budget_mode: BudgetMode::Physical,
+            policy: PolicyKind::Remat,
+            sampling: true,
+            filter: true,
+            min_evictee_bytes: 0,
+            threshold: None,
+            seed: 0x5eed,
+            megengine: MegEngineParams::default(),
+            expandable_segments: false,
+        }
+    }
+}
+
+impl DtrConfig {
+    /// Set the budget.
+    pub fn with_budget(mut self, bytes: u64) -> Self {
+        self.budget = Some(bytes);
+        self
+    }
+    /// Set the budget mode.
+    pub fn with_budget_mode(mut self, mode: BudgetMode) -> Self {
+        self.budget_mode = mode;
+        self
+    }
+    /// Set the policy.
+    pub fn with_policy(mut self, policy: PolicyKind) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// Switch √N sampling.
+    pub fn with_sampling(mut self, on: bool) -> Self {
+        self.sampling = on;
+        self
+    }
+    /// Switch the small-candidate filter.
+    pub fn with_filter(mut self, on: bool) -> Self {
+        self.filter = on;
+        self
+    }
+    /// Set the sampler seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Set the byte threshold trigger.
+    pub fn with_threshold(mut self, bytes: Option<u64>) -> Self {
+        self.threshold = bytes;
+        self
+    }
+
+    /// Parse `key:value,key:value` (whitespace around items is ignored; an empty
+    /// string is the default config).
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let mut c = Self::default();
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (key, value) = item
+                .split_once(':')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| ConfigError::Syntax(item.to_string()))?;
+            match key {
+                "budget" => c.budget = parse_opt_bytes(key, value)?,
+                "budget_mode" => c.budget_mode = value.parse()?,
+                "policy" => c.policy = value.parse()?,
+                "sampling" => c.sampling = parse_switch(key, value)?,
+                "filter" => c.filter = parse_switch(key, value)?,
+                "min_evictee_bytes" => c.min_evictee_bytes = parse_bytes(key, value)?,
+                "threshold" => c.threshold = parse_opt_bytes(key, value)?,
+                "seed" => {
+                    c.seed = value
+                        .parse()
+                        .map_err(|_| ConfigError::bad(key, value, "an unsigned integer"))?
+                }
+                "expandable_segments" => c.expandable_segments = parse_switch(key, value)?,
+                "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
+                "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
+                "megengine_staleness" => c.megengine.staleness = parse_f64(key, value)?,
+                "megengine_recompute" => c.megengine.recompute_base = parse_f64(key, value)?,
+                _ => return Err(ConfigError::UnknownKey(key.to_string())),
+            }
+        }
+        Ok(c)
+    }
+
+    /// Read [`ENV_VAR`]; unset is the default config.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var(ENV_VAR) {
+            Ok(s) => Self::parse(&s),
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(ConfigError::bad(ENV_VAR, "<non-unicode>", "UTF-8 text"))
+            }
+        }
+    }
+}
+
+/// A bad `REMAT_DTR_CONF`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// An item without `key:value` shape.
+    #[error("REMAT_DTR_CONF: `{0}` is not `key:value`")]
+    Syntax(String),
+    /// A key remat-dtr does not know.
+    #[error(
+        "REMAT_DTR_CONF: unknown key `{0}` (known: budget, budget_mode, policy, sampling, filter, \
+         min_evictee_bytes, threshold, seed, expandable_segments, megengine_cost, megengine_memory, \
+         megengine_staleness, megengine_recompute)"
+    )]
+    UnknownKey(String),
+    /// A known key with a bad value.
+    #[error("REMAT_DTR_CONF: bad value `{value}` for `{key}`: expected {expected}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What would have been accepted.
+        expected: String,
+    },
+}
+
+impl ConfigError {
+    fn bad(key: &str, value: &str, expected: &str) -> Self {
+        ConfigError::BadValue {
+            key: key.to_string(),
+            value: value.to_string(),
+            expected: expected.to_string(),
+        }
+    }
+}
+
+fn parse_switch(key: &str, v: &str) -> Result<bool, ConfigError> {
+    match v {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(ConfigError::bad(key, v, "on | off")),
+    }
+}
+
+fn parse_f64(key: &str, v: &str) -> Result<f64, ConfigError> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| ConfigError::bad(key, v, "a finite number"))
+}
+
+fn parse_opt_bytes(key: &str, v: &str) -> Result<Option<u64>, ConfigError> {
+    if v == "none" {
+        Ok(None)
+    } else {
+        parse_bytes(key, v).map(Some)
+    }
+}
+
+/// Parse a byte count: digits with an optional unit suffix (`B`, `KB`, `MB`, `GB`,
+/// `KiB`, `MiB`, `GiB`, `TiB`); a fractional number is allowed with a unit.
+pub fn parse_bytes(key: &str, v: &str) -> Result<u64, ConfigError> {
+    let expected = "a byte count such as 1048576, 512MiB or 1.5GB";
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (num, unit) = (v[..split].trim(), v[split..].trim());
+    let mult: u64 = match unit {
+        "" | "B" => 1,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        _ => return Err(ConfigError::bad(key, v, expected)),
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n
+            .checked_mul(mult)
+            .ok_or_else(|| ConfigError::bad(key, v, expected));
+    }
+    match num.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 && mult > 1 && x * (mult as f64) < 1.8e19 => {
+            Ok((x * mult as f64).round() as u64)
+        }
+        _ => Err(ConfigError::bad(key, v, expected)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_key() {
+        let c = DtrConfig::parse(
+            "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
+             min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5",
+        )
+        .unwrap();
+        assert_eq!(c.budget, Some(2 << 30));
+        assert_eq!(c.budget_mode, BudgetMode::Logical);
+        assert_eq!(c.policy, PolicyKind::DtrEq);
+        assert!(!c.sampling && !c.filter);
+        assert_eq!(c.min_evictee_bytes, 1024);
+        assert_eq!(c.threshold, Some(1_500_000_000));
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.megengine.recompute_base, 1.5);
+        assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(
+            DtrConfig::parse("bogus:1"),
+            Err(ConfigError::UnknownKey("bogus".into()))
+        );
+        assert!(matches!(
+            DtrConfig::parse("budget"),
+            Err(ConfigError::Syntax(_))
+        ));
+        match DtrConfig::parse("policy:fifo") {
+            Err(ConfigError::BadValue { key, value, .. }) => {
+                assert_eq!((key.as_str(), value.as_str()), ("policy", "fifo"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(DtrConfig::parse("budget:12XB").is_err());
+        assert!(DtrConfig::parse("sampling:maybe").is_err());
+        assert!(DtrConfig::parse("budget:99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for p in PolicyKind::ALL {
+            assert_eq!(p.name().parse::<PolicyKind>().unwrap(), p);
+        }
+    }
+}

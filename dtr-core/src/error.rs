@@ -1,0 +1,131 @@
+//! Typed errors: one enum for the crate, an [`ImpossibleBudget`] report with the
+//! figures that explain why no eviction can make room, and [`OpError`] for op handles.
+
+use std::fmt;
+
+use crate::ids::{StorageId, TensorId};
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error from an op handle's (re)computation, with a message from the adapter.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("op `{op}` failed: {message}")]
+pub struct OpError {
+    /// The op's name as the handle reports it.
+    pub op: String,
+    /// What went wrong, in the adapter's words.
+    pub message: String,
+}
+
+impl OpError {
+    /// An error for op `op` with a message.
+    pub fn new(op: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            op: op.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Why no eviction can make room: all figures in bytes at the moment of failure.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImpossibleBudget {
+    /// The request that could not be placed (as asked, before allocator rounding).
+    pub needed: u64,
+    /// The budget (capacity of the memory model).
+    pub budget: u64,
+    /// Bytes of resident storages (allocated bytes).
+    pub resident: u64,
+    /// Resident bytes that an eviction could still free (none of them helped).
+    pub evictable: u64,
+    /// Resident bytes held by pins, external tensors and non-recomputable ops.
+    pub pinned: u64,
+    /// Free bytes inside the budget that could not hold the request (fragmentation:
+    /// cached free blocks plus device memory not yet reserved).
+    pub free_but_fragmented: u64,
+}
+
+impl fmt::Display for ImpossibleBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot place {} B under a budget of {} B: {} B resident ({} B evictable, {} B pinned \
+             or not recomputable), {} B free but fragmented",
+            self.needed,
+            self.budget,
+            self.resident,
+            self.evictable,
+            self.pinned,
+            self.free_but_fragmented
+        )
+    }
+}
+
+/// Every error `remat-dtr` returns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No eviction can make room for a request: the budget is too small for what
+    /// must stay resident (pinned inputs, external tensors, the op's own outputs).
+    #[error("impossible budget: {0}")]
+    ImpossibleBudget(Box<ImpossibleBudget>),
+    /// A tensor handle that is not (or no longer) live.
+    #[error("unknown or released tensor {0:?}")]
+    UnknownTensor(TensorId),
+    /// An output spec names an input index that does not exist.
+    #[error("output {output} is a view of input {input}, but the op has {inputs} inputs")]
+    BadViewIndex {
+        /// Output position.
+        output: usize,
+        /// Input index it names.
+        input: usize,
+        /// Number of inputs.
+        inputs: usize,
+    },
+    /// An op handle returned the wrong number of values.
+    #[error("op `{op}` returned {got} values for {expected} fresh outputs")]
+    OutputCount {
+        /// Op name.
+        op: String,
+        /// Values returned.
+        got: usize,
+        /// Fresh outputs expected.
+        expected: usize,
+    },
+    /// Unpin without a matching pin.
+    #[error("unpin of tensor {0:?} that is not pinned")]
+    NotPinned(TensorId),
+    /// A storage that must be regenerated has no compute path (external data that
+    /// was dropped, or a non-recomputable op's output). This is a bug in the caller
+    /// or in remat-dtr.
+    #[error("storage {0:?} is evicted and cannot be regenerated")]
+    NotRegenerable(StorageId),
+    /// Rematerialization passed the compute limit set with
+    /// [`crate::Runtime::set_compute_limit`] (the run is thrashing).
+    #[error("compute limit of {limit_ns:.0} ns passed ({spent_ns:.0} ns spent): thrashing")]
+    ComputeLimit {
+        /// The limit.
+        limit_ns: f64,
+        /// Compute spent so far.
+        spent_ns: f64,
+    },
+    /// An op handle failed.
+    #[error(transparent)]
+    Op(#[from] OpError),
+    /// The memory model failed for a reason other than lack of room.
+    #[error("memory model: {0}")]
+    Memory(String),
+    /// A bad `REMAT_DTR_CONF` value.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Broken invariant: a bug in remat-dtr.
+    #[error("internal error: {0} (this is a bug)")]
+    Internal(String),
+}
+
+impl Error {
+    /// True when this is an [`Error::ImpossibleBudget`].
+    pub fn is_impossible_budget(&self) -> bool {
+        matches!(self, Error::ImpossibleBudget(_))
+    }
+}

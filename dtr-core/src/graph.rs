@@ -1,0 +1,343 @@
+//! The value-free part of the runtime: storage and compute-path records, the
+//! candidate set, the union-find over evicted storages, and the neighbourhood
+//! queries policies ask for (e* exact, e* by union-find, upward region).
+//!
+//! Kept apart from the values (`Runtime<V>` holds those) so that policies are not
+//! generic over the adapter's value type.
+
+use crate::ids::{OpId, Slab, StorageId};
+use crate::memory::Slot;
+use crate::unionfind::UnionFind;
+
+/// "No index" marker for `u32` links.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// Where a storage's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    /// Resident: holds a slot and a value.
+    Resident,
+    /// Evicted (or fake-deleted): the record stays so it can be regenerated.
+    Evicted,
+}
+
+/// One storage (the unit of eviction).
+#[derive(Debug)]
+pub(crate) struct StorageRec {
+    /// Requested bytes.
+    pub bytes: u64,
+    pub residency: Residency,
+    /// `Some` iff resident.
+    pub slot: Option<Slot>,
+    /// The compute path that produces it; `None` for external data.
+    pub producer: Option<OpId>,
+    /// Position among the producer's fresh outputs.
+    pub output_index: u32,
+    /// Live compute paths that read this storage (each listed once).
+    pub users: Vec<OpId>,
+    /// Live user handles on tensors of this storage (views included).
+    pub handles: u32,
+    /// Tensor slab indices of the live tensors on this storage.
+    pub tensors: Vec<u32>,
+    /// Pin count: user pins plus the runtime's transient holds.
+    pub pins: u32,
+    /// The part of `pins` taken by an in-flight regeneration (0 between calls).
+    pub holds: u32,
+    /// Clock (ns of compute so far) at the last use.
+    pub last_used: f64,
+    /// How many times it was rematerialized.
+    pub recomputes: u32,
+    /// Union-find node while evicted, else `NONE`.
+    pub dsu: u32,
+    /// Index in the candidate vector, else `NONE`.
+    pub cand_pos: u32,
+    /// All handles were released (fake-deleted while users remain).
+    pub released: bool,
+    /// Has a recomputable producer (so it may be evicted).
+    pub recomputable: bool,
+    /// The producer's cost in ns (0 for external data).
+    pub cost: f64,
+    /// Visit stamp for neighbourhood searches.
+    pub stamp: u32,
+}
+
+impl StorageRec {
+    pub(crate) fn is_resident(&self) -> bool {
+        self.residency == Residency::Resident
+    }
+}
+
+/// One compute path.
+pub(crate) struct OpRec {
+    /// Input storages in argument order (repeats allowed).
+    pub inputs: Vec<StorageId>,
+    /// Input storages, each once.
+    pub unique_inputs: Vec<StorageId>,
+    /// Fresh outputs; `None` once really deleted.
+    pub outputs: Vec<Option<StorageId>>,
+    /// Outputs not yet deleted.
+    pub live_outputs: u32,
+    /// Cost in ns.
+    pub cost: f64,
+}
+
+/// A candidate's fields that scoring reads first (copied when it becomes one; a
+/// candidate's record does not change while it is a candidate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hot {
+    /// Requested bytes.
+    pub bytes: u64,
+    /// Own recompute cost (ns).
+    pub cost: f64,
+    /// Clock at last use.
+    pub last_used: f64,
+}
+
+/// Records, candidates and the union-find.
+#[derive(Default)]
+pub(crate) struct Graph {
+    pub storages: Slab<StorageRec>,
+    pub ops: Slab<OpRec>,
+    pub dsu: UnionFind,
+    /// Resident, recomputable, unpinned storages of at least `min_evictee_bytes`.
+    pub candidates: Vec<StorageId>,
+    /// Hot fields of `candidates[i]`, kept alongside so a sampled decision reads one
+    /// contiguous array instead of scattered records.
+    pub hot: Vec<Hot>,
+    /// Sum of candidate bytes (for the mean-size filter).
+    pub candidate_bytes: u64,
+    /// Smallest storage that may become a candidate.
+    pub min_evictee_bytes: u64,
+    /// Compute clock in ns (first computations and rematerializations).
+    pub clock: f64,
+    pub(crate) stamp: u32,
+    pub(crate) stack: Vec<StorageId>,
+    pub(crate) roots: Vec<u32>,
+    pub(crate) buf: Vec<StorageId>,
+}
+
+impl Graph {
+    #[inline]
+    pub(crate) fn st(&self, s: StorageId) -> &StorageRec {
+        &self.storages[s.0]
+    }
+
+    #[inline]
+    pub(crate) fn st_mut(&mut self, s: StorageId) -> &mut StorageRec {
+        &mut self.storages[s.0]
+    }
+
+    /// Whether `s` may be a candidate right now.
+    pub(crate) fn eligible(&self, s: StorageId) -> bool {
+        let r = self.st(s);
+        r.is_resident() && r.recomputable && r.pins == 0 && r.bytes >= self.min_evictee_bytes
+    }
+
+    /// Add `s` to the candidates if eligible and absent.
+    pub(crate) fn offer(&mut self, s: StorageId) {
+        if self.st(s).cand_pos == NONE && self.eligible(s) {
+            let pos = self.candidates.len() as u32;
+            self.candidates.push(s);
+            let r = self.st(s);
+            self.hot.push(Hot {
+                bytes: r.bytes,
+                cost: r.cost,
+                last_used: r.last_used,
+            });
+            let r = self.st_mut(s);
+            r.cand_pos = pos;
+            let b = r.bytes;
+            self.candidate_bytes += b;
+        }
+    }
+
+    /// Remove `s` from the candidates if present (O(1) swap-remove).
+    pub(crate) fn withdraw(&mut self, s: StorageId) {
+        let pos = self.st(s).cand_pos;
+        if pos == NONE {
+            return;
+        }
+        let last = self.candidates.len() - 1;
+        self.candidates.swap(pos as usize, last);
+        self.candidates.pop();
+        self.hot.swap(pos as usize, last);
+        self.hot.pop();
+        if (pos as usize) < self.candidates.len() {
+            let moved = self.candidates[pos as usize];
+            self.st_mut(moved).cand_pos = pos;
+        }
+        let r = self.st_mut(s);
+        r.cand_pos = NONE;
+        let b = r.bytes;
+        self.candidate_bytes -= b;
+    }
+
+    pub(crate) fn pin(&mut self, s: StorageId) {
+        self.withdraw(s);
+        self.st_mut(s).pins += 1;
+    }
+
+    /// Evicted storages adjacent to `s`: inputs of its producer and fresh outputs of
+    /// its users, appended to `out`.
+    fn evicted_neighbours(
+        &self,
+        s: StorageId,
+        out: &mut Vec<StorageId>,
+        parents: bool,
+        children: bool,
+    ) {
+        let r = self.st(s);
+        if parents {
+            if let Some(op) = r.producer {
+                for &i in &self.ops[op.0].unique_inputs {
+                    if self.st(i).residency == Residency::Evicted {
+                        out.push(i);
+                    }
+                }
+            }
+        }
+        if children {
+            for &u in &r.users {
+                for o in self.ops[u.0].outputs.iter().flatten() {
+                    if self.st(*o).residency == Residency::Evicted {
+                        out.push(*o);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Merge a freshly evicted `s` into the components of its evicted neighbours.
+    pub(crate) fn dsu_on_evict(&mut self, s: StorageId) {
+        let node = self.dsu.make(self.st(s).cost);
+        self.st_mut(s).dsu = node;
+        let mut ns = std::mem::take(&mut self.stack);
+        ns.clear();
+        self.evicted_neighbours(s, &mut ns, true, true);
+        for &n in &ns {
+            let nn = self.st(n).dsu;
+            if nn != NONE && n != s {
+                self.dsu.union(node, nn);
+            }
+        }
+        self.stack = ns;
+    }
+
+    /// Take a rematerialized `s` out of its component.
+    pub(crate) fn dsu_on_remat(&mut self, s: StorageId) {
+        let r = self.st(s);
+        let (node, cost) = (r.dsu, r.cost);
+        if node != NONE {
+            self.dsu.subtract(node, cost);
+            self.st_mut(s).dsu = NONE;
+        }
+    }
+
+    /// h_DTR^eq's e*: own cost plus the summed cost of each distinct evicted
+    /// component adjacent to `s` (each clamped to at least the neighbour's own cost).
+    pub(crate) fn e_star_eq(&mut self, s: StorageId) -> f64 {
+        let mut ns = std::mem::take(&mut self.stack);
+        let mut roots = std::mem::take(&mut self.roots);
+        ns.clear();
+        roots.clear();
+        self.evicted_neighbours(s, &mut ns, true, true);
+        let mut total = self.st(s).cost;
+        for &n in &ns {
+            let (node, ncost) = (self.st(n).dsu, self.st(n).cost);
+            if node == NONE {
+                total += ncost;
+                continue;
+            }
+            let root = self.dsu.find(node);
+            if !roots.contains(&root) {
+                roots.push(root);
+                total += self.dsu.component_cost(root).max(ncost);
+            }
+        }
+        self.stack = ns;
+        self.roots = roots;
+        total
+    }
+
+    fn next_stamp(&mut self) -> u32 {
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            let idx: Vec<u32> = self.storages.iter().map(|(i, _)| i).collect();
+            for i in idx {
+                self.storages[i].stamp = 0;
+            }
+            self.stamp = 1;
+        }
+        self.stamp
+    }
+
+    /// Summed cost of the evicted storages reachable from `s` through evicted
+    /// ancestors (`up`) and/or evicted descendants (`down`), `s` excluded. O(region).
+    pub(crate) fn region_cost(&mut self, s: StorageId, up: bool, down: bool) -> f64 {
+        let stamp = self.next_stamp();
+        self.st_mut(s).stamp = stamp;
+        let mut total = 0.0;
+        let mut work = std::mem::take(&mut self.stack);
+        let mut buf = Vec::new();
+        for (dir_up, enabled) in [(true, up), (false, down)] {
+            if !enabled {
+                continue;
+            }
+            work.clear();
+            work.push(s);
+            while let Some(x) = work.pop() {
+                buf.clear();
+                self.evicted_neighbours(x, &mut buf, dir_up, !dir_up);
+                for &n in &buf {
+                    let r = self.st_mut(n);
+                    if r.stamp != stamp {
+                        r.stamp = stamp;
+                        total += r.cost;
+                        work.push(n);
+                    }
+                }
+            }
+        }
+        self.stack = work;
+        total
+    }
+
+    /// Like [`Graph::region_cost`] in both directions, but visits at most
+    /// `max_nodes` evicted storages (an under-estimate of exact e* beyond that).
+    pub(crate) fn e_star_bounded(&mut self, s: StorageId, max_nodes: usize) -> f64 {
+        let stamp = self.next_stamp();
+        self.st_mut(s).stamp = stamp;
+        let mut total = self.st(s).cost;
+        let mut seen = 0usize;
+        let mut work = std::mem::take(&mut self.stack);
+        let mut buf = std::mem::take(&mut self.buf);
+        'dirs: for dir_up in [true, false] {
+            work.clear();
+            work.push(s);
+            while let Some(x) = work.pop() {
+                buf.clear();
+                self.evicted_neighbours(x, &mut buf, dir_up, !dir_up);
+                for &n in &buf {
+                    let r = self.st_mut(n);
+                    if r.stamp != stamp {
+                        r.stamp = stamp;
+                        total += r.cost;
+                        seen += 1;
+                        if seen >= max_nodes {
+                            break 'dirs;
+                        }
+                        work.push(n);
+                    }
+                }
+            }
+        }
+        self.stack = work;
+        self.buf = buf;
+        total
+    }
+
+    /// h_DTR's exact e*: own cost plus the evicted ancestor and descendant regions.
+    pub(crate) fn e_star_exact(&mut self, s: StorageId) -> f64 {
+        self.st(s).cost + self.region_cost(s, true, true)
+    }
+}

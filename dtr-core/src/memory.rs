@@ -1,0 +1,217 @@
+//! Where resident storages live: the [`MemoryModel`] trait, the [`LogicalBudget`]
+//! (the DTR paper's sum-of-live-bytes accounting) and, in [`crate::physical`], the
+//! physical model over a remat-alloc caching allocator.
+//!
+//! The runtime asks a model for a [`Slot`] per fresh storage; a failure with
+//! [`AllocFailure::NoRoom`] makes it evict and retry. Policies that care about
+//! placement ask for the O(1) [`MemoryModel::adjacent_free`] bytes of a slot and for
+//! the address-ordered [`MemoryModel::blocks`].
+
+/// A placed storage: enough to free it in O(1).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// Address (0 for models without addresses).
+    pub ptr: u64,
+    /// Bytes the block occupies after the model's rounding.
+    pub size: u64,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Model-private key.
+    pub key: u64,
+}
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocFailure {
+    /// Not enough room now (eviction may help). `free_bytes` is the free memory
+    /// inside the budget at the moment of failure (cached free blocks plus device
+    /// memory not reserved), Coop's fragmentation sample.
+    NoRoom {
+        /// Free bytes inside the budget.
+        free_bytes: u64,
+    },
+    /// Anything else (a device error): not retried.
+    Other(String),
+}
+
+/// One block of the address-ordered view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockView {
+    /// Address.
+    pub ptr: u64,
+    /// Rounded size.
+    pub size: u64,
+    /// Allocated (a storage lives there) or cached free.
+    pub allocated: bool,
+    /// Segment index (blocks of one segment are contiguous).
+    pub segment: usize,
+    /// Whether the segment belongs to the small pool (requests up to 1 MiB).
+    pub small: bool,
+}
+
+/// Memory figures of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryUsage {
+    /// Budget, if bounded.
+    pub capacity: Option<u64>,
+    /// Bytes in allocated blocks now.
+    pub allocated: u64,
+    /// Bytes reserved from the device now (= allocated for logical models).
+    pub reserved: u64,
+    /// Peak of `allocated`.
+    pub peak_allocated: u64,
+    /// Peak of `reserved`.
+    pub peak_reserved: u64,
+}
+
+/// What a request of `bytes` needs from the device if no cached block fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestShape {
+    /// The rounded block size.
+    pub block: u64,
+    /// Size of the segment a new device allocation for it would take.
+    pub segment: u64,
+    /// Whether it is served from the small pool.
+    pub small: bool,
+}
+
+/// The accounting behind a budget.
+pub trait MemoryModel: Send {
+    /// A short name for reports.
+    fn name(&self) -> &'static str;
+
+    /// Place `bytes` bytes.
+    fn allocate(&mut self, bytes: u64) -> Result<Slot, AllocFailure>;
+
+    /// Give a slot back.
+    fn free(&mut self, slot: Slot) -> Result<(), String>;
+
+    /// Free bytes immediately left and right of `slot` (O(1)); `(0, 0)` for models
+    /// without addresses.
+    fn adjacent_free(&self, slot: &Slot) -> (u64, u64);
+
+    /// Whether slots have meaningful addresses ([`MemoryModel::blocks`] is not empty).
+    fn has_addresses(&self) -> bool;
+
+    /// Append the address-ordered blocks to `out` (nothing for models without
+    /// addresses).
+    fn blocks(&self, out: &mut Vec<BlockView>);
+
+    /// Current and peak figures.
+    fn usage(&self) -> MemoryUsage;
+
+    /// The budget, if bounded (cheap).
+    fn capacity(&self) -> Option<u64>;
+
+    /// How a request of `bytes` would be placed.
+    fn shape(&self, bytes: u64) -> RequestShape {
+        RequestShape {
+            block: bytes,
+            segment: bytes,
+            small: false,
+        }
+    }
+
+    /// Free bytes inside the budget (what a failed request could not use).
+    fn free_bytes(&self) -> u64 {
+        let u = self.usage();
+        u.capacity.map_or(0, |c| c.saturating_sub(u.allocated))
+    }
+}
+
+/// The DTR paper's accounting: an allocation fits when live bytes plus the request
+/// stay within the budget. No rounding, no addresses, no fragmentation.
+#[derive(Debug, Clone, Default)]
+pub struct LogicalBudget {
+    capacity: Option<u64>,
+    live: u64,
+    peak: u64,
+    next_key: u64,
+}
+
+impl LogicalBudget {
+    /// A budget of `capacity` bytes (`None`: unbounded).
+    pub fn new(capacity: Option<u64>) -> Self {
+        Self {
+            capacity,
+            ..Self::default()
+        }
+    }
+}
+
+impl MemoryModel for LogicalBudget {
+    fn name(&self) -> &'static str {
+        "logical"
+    }
+
+    fn allocate(&mut self, bytes: u64) -> Result<Slot, AllocFailure> {
+        if let Some(cap) = self.capacity {
+            if self.live + bytes > cap {
+                return Err(AllocFailure::NoRoom {
+                    free_bytes: cap.saturating_sub(self.live),
+                });
+            }
+        }
+        self.live += bytes;
+        self.peak = self.peak.max(self.live);
+        self.next_key += 1;
+        Ok(Slot {
+            ptr: 0,
+            size: bytes,
+            requested: bytes,
+            key: self.next_key,
+        })
+    }
+
+    fn free(&mut self, slot: Slot) -> Result<(), String> {
+        self.live = self.live.checked_sub(slot.size).ok_or_else(|| {
+            format!(
+                "logical budget: freeing {} B of {} B live",
+                slot.size, self.live
+            )
+        })?;
+        Ok(())
+    }
+
+    fn adjacent_free(&self, _slot: &Slot) -> (u64, u64) {
+        (0, 0)
+    }
+
+    fn has_addresses(&self) -> bool {
+        false
+    }
+
+    fn blocks(&self, _out: &mut Vec<BlockView>) {}
+
+    fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    fn usage(&self) -> MemoryUsage {
+        MemoryUsage {
+            capacity: self.capacity,
+            allocated: self.live,
+            reserved: self.live,
+            peak_allocated: self.peak,
+            peak_reserved: self.peak,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logical_budget_counts_live_bytes() {
+        let mut m = LogicalBudget::new(Some(100));
+        let a = m.allocate(60).unwrap();
+        assert_eq!(m.allocate(50), Err(AllocFailure::NoRoom { free_bytes: 40 }));
+        let b = m.allocate(40).unwrap();
+        m.free(a).unwrap();
+        assert_eq!(m.usage().allocated, 40);
+        assert_eq!(m.usage().peak_allocated, 100);
+        m.free(b).unwrap();
+        assert_eq!(m.free_bytes(), 100);
+    }
+}

@@ -1,0 +1,214 @@
+//! Eviction policies: the [`EvictionPolicy`] trait, the [`DecisionView`] a policy
+//! reads (candidates, costs, staleness, e*, the allocator's adjacent free bytes and
+//! address-ordered blocks), and the shipped policies.
+//!
+//! | policy | module | chooses |
+//! |---|---|---|
+//! | h_DTR, h_DTR^eq, h_DTR^local, MSPS, LRU, largest-first, MegEngine | [`score`] | the sampled candidate with the smallest score |
+//! | Coop | [`window`] | the cheapest contiguous run of blocks that frees the request |
+//! | remat (default) | [`remat`] | h_DTR^eq over the sample, re-ranked by the hole an eviction opens |
+
+pub mod remat;
+pub mod score;
+pub mod window;
+
+use ahash::AHashMap;
+
+use crate::config::{DtrConfig, PolicyKind};
+use crate::graph::{Graph, Hot, NONE};
+use crate::ids::StorageId;
+use crate::memory::{BlockView, MemoryModel, MemoryUsage, RequestShape};
+
+pub use remat::RematPolicy;
+pub use score::{ScoreKind, ScorePolicy};
+pub use window::CoopWindow;
+
+/// What the runtime is trying to place when it asks for victims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Bytes requested (0 when the byte-threshold trigger asks).
+    pub bytes: u64,
+    /// How the memory model would place it (`None` for the threshold trigger).
+    pub shape: Option<RequestShape>,
+    /// Free bytes inside the budget at the failure.
+    pub free_bytes: u64,
+}
+
+/// A policy: given the view, push one or more victims (candidates) into `victims`.
+///
+/// The runtime evicts the victims, retries the allocation, and asks again while it
+/// still fails; it ignores victims that are not candidates. A policy that pushes
+/// nothing lets the runtime fall back to the least recently used sampled candidate.
+pub trait EvictionPolicy: Send {
+    /// Name for reports.
+    fn name(&self) -> &'static str;
+    /// Choose victims.
+    fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>);
+}
+
+/// The policy for a [`PolicyKind`] with the config's parameters.
+pub fn make_policy(kind: PolicyKind, config: &DtrConfig) -> Box<dyn EvictionPolicy> {
+    match kind {
+        PolicyKind::Remat => Box::new(RematPolicy::default()),
+        PolicyKind::Dtr => Box::new(ScorePolicy::new(ScoreKind::DtrExact)),
+        PolicyKind::DtrEq => Box::new(ScorePolicy::new(ScoreKind::DtrEq)),
+        PolicyKind::DtrLocal => Box::new(ScorePolicy::new(ScoreKind::DtrLocal)),
+        PolicyKind::Msps => Box::new(ScorePolicy::new(ScoreKind::Msps)),
+        PolicyKind::Lru => Box::new(ScorePolicy::new(ScoreKind::Lru)),
+        PolicyKind::LargestFirst => Box::new(ScorePolicy::new(ScoreKind::LargestFirst)),
+        PolicyKind::MegEngine => Box::new(ScorePolicy::new(ScoreKind::MegEngine(config.megengine))),
+        PolicyKind::Coop => Box::new(CoopWindow),
+    }
+}
+
+/// Everything a policy may read during one decision. Methods that walk the graph
+/// take `&mut self` (union-find path compression, visit stamps).
+pub struct DecisionView<'a> {
+    pub(crate) graph: &'a mut Graph,
+    pub(crate) memory: &'a dyn MemoryModel,
+    pub(crate) pool: &'a [StorageId],
+    pub(crate) pool_hot: &'a [Hot],
+    pub(crate) by_ptr: &'a AHashMap<u64, StorageId>,
+    pub(crate) request: Request,
+}
+
+impl<'a> DecisionView<'a> {
+    /// The candidates to score this time: all of them, or a seeded √N sample, after
+    /// the small-candidate filter (as configured).
+    pub fn pool(&self) -> &[StorageId] {
+        self.pool
+    }
+
+    /// The bytes, own cost and last use of candidate `s` (one read of a contiguous
+    /// array; `None` if `s` is not a candidate).
+    #[inline]
+    pub fn hot(&self, s: StorageId) -> Option<Hot> {
+        let pos = self.graph.storages.get(s.0)?.cand_pos;
+        (pos != NONE).then(|| self.graph.hot[pos as usize])
+    }
+
+    /// Staleness (ns since last use, plus 1) from a [`Hot`] entry.
+    #[inline]
+    pub fn staleness_of(&self, h: &Hot) -> f64 {
+        (self.graph.clock - h.last_used).max(0.0) + 1.0
+    }
+
+    /// Exact e* walking at most `max_nodes` evicted storages.
+    pub fn e_star_bounded(&mut self, s: StorageId, max_nodes: usize) -> f64 {
+        self.graph.e_star_bounded(s, max_nodes)
+    }
+
+    /// The hot fields of [`DecisionView::pool`], index for index (a copy made while
+    /// sampling, so screening reads one small contiguous array).
+    pub fn pool_hot(&self) -> &[Hot] {
+        self.pool_hot
+    }
+
+    /// Every current candidate (resident, recomputable, unpinned).
+    pub fn all_candidates(&self) -> &[StorageId] {
+        &self.graph.candidates
+    }
+
+    /// Whether `s` is a candidate now.
+    pub fn is_candidate(&self, s: StorageId) -> bool {
+        self.graph
+            .storages
+            .get(s.0)
+            .is_some_and(|r| r.cand_pos != NONE)
+    }
+
+    /// The request being served.
+    pub fn request(&self) -> Request {
+        self.request
+    }
+
+    /// The compute clock in ns.
+    pub fn clock(&self) -> f64 {
+        self.graph.clock
+    }
+
+    /// Requested bytes of `s`.
+    #[inline]
+    pub fn bytes(&self, s: StorageId) -> u64 {
+        self.graph.st(s).bytes
+    }
+
+    /// Own recompute cost of `s` in ns.
+    #[inline]
+    pub fn cost(&self, s: StorageId) -> f64 {
+        self.graph.st(s).cost
+    }
+
+    /// ns of compute since `s` was last used, plus 1 (never 0).
+    #[inline]
+    pub fn staleness(&self, s: StorageId) -> f64 {
+        (self.graph.clock - self.graph.st(s).last_used).max(0.0) + 1.0
+    }
+
+    /// Times `s` was rematerialized.
+    #[inline]
+    pub fn recomputes(&self, s: StorageId) -> u32 {
+        self.graph.st(s).recomputes
+    }
+
+    /// e* by union-find (h_DTR^eq): own cost plus adjacent evicted components.
+    #[inline]
+    pub fn e_star_eq(&mut self, s: StorageId) -> f64 {
+        self.graph.e_star_eq(s)
+    }
+
+    /// Exact e* (h_DTR): own cost plus the evicted ancestor and descendant regions.
+    pub fn e_star_exact(&mut self, s: StorageId) -> f64 {
+        self.graph.e_star_exact(s)
+    }
+
+    /// Own cost plus the evicted ancestors that recomputing `s` would need (MSPS).
+    pub fn recompute_cost(&mut self, s: StorageId) -> f64 {
+        self.graph.st(s).cost + self.graph.region_cost(s, true, false)
+    }
+
+    /// Address of `s`'s block (0 without addresses).
+    pub fn ptr(&self, s: StorageId) -> u64 {
+        self.graph.st(s).slot.as_ref().map_or(0, |sl| sl.ptr)
+    }
+
+    /// Rounded block size of `s` (its bytes when not resident).
+    pub fn block_size(&self, s: StorageId) -> u64 {
+        let r = self.graph.st(s);
+        r.slot.as_ref().map_or(r.bytes, |sl| sl.size)
+    }
+
+    /// Free bytes left and right of `s`'s block, from the allocator in O(1).
+    #[inline]
+    pub fn adjacent_free(&self, s: StorageId) -> (u64, u64) {
+        match &self.graph.st(s).slot {
+            Some(slot) => self.memory.adjacent_free(slot),
+            None => (0, 0),
+        }
+    }
+
+    /// Whether the memory model has addresses.
+    pub fn has_addresses(&self) -> bool {
+        self.memory.has_addresses()
+    }
+
+    /// Append the address-ordered blocks (O(blocks)).
+    pub fn blocks(&self, out: &mut Vec<BlockView>) {
+        self.memory.blocks(out)
+    }
+
+    /// The storage living at `ptr`.
+    pub fn storage_at(&self, ptr: u64) -> Option<StorageId> {
+        self.by_ptr.get(&ptr).copied()
+    }
+
+    /// The memory model's figures.
+    pub fn usage(&self) -> MemoryUsage {
+        self.memory.usage()
+    }
+
+    /// The request's shape as the memory model sees it.
+    pub fn shape(&self, bytes: u64) -> RequestShape {
+        self.memory.shape(bytes)
+    }
+}

@@ -1,0 +1,1376 @@
+//! [`Runtime`]: the DTR interpreter — put, apply, record, access, release, pin,
+//! unpin, evict — over a [`MemoryModel`] and an [`EvictionPolicy`].
+//!
+//! Regeneration runs on an explicit work list (`Frame`s): `Need(s)` either holds a
+//! resident `s` or schedules `Run(op)` after `Need` of each input of `s`'s compute
+//! path; `Run(op)` finds its inputs held, places and computes the missing outputs,
+//! releases the inputs and holds its target for the frame that needed it. Nothing
+//! recurses on the call stack, so a 100k-op chain regenerates in constant stack.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ahash::AHashMap;
+
+use crate::config::{BudgetMode, DtrConfig};
+use crate::error::{Error, ImpossibleBudget, Result};
+use crate::graph::{Graph, Hot, OpRec, Residency, StorageRec, NONE};
+use crate::ids::{OpId, Slab, StorageId, TensorId};
+use crate::memory::{AllocFailure, LogicalBudget, MemoryModel, MemoryUsage, Slot};
+use crate::op::{OpHandle, OutputSpec};
+use crate::policy::{make_policy, DecisionView, EvictionPolicy, Request};
+use crate::rng::SplitMix64;
+use crate::stats::RuntimeStats;
+
+/// A user tensor: a (possibly shared) view of one storage.
+#[derive(Debug, Clone, Copy)]
+struct TensorRec {
+    storage: StorageId,
+    /// Live handles to this tensor (`retain` adds one, `release` drops one).
+    refs: u32,
+}
+
+/// One step of the regeneration work list.
+#[derive(Debug, Clone, Copy)]
+enum Frame {
+    /// Make `StorageId` resident and hold it once.
+    Need(StorageId),
+    /// All inputs of `op` are held: compute its missing outputs, release the
+    /// inputs, hold `target`.
+    Run { op: OpId, target: StorageId },
+}
+
+/// The DTR runtime over values of type `V` (a storage handle of the adapter: a
+/// candle storage, a burn tensor primitive, `()` for trace replay).
+pub struct Runtime<V> {
+    graph: Graph,
+    /// Values by storage index; `Some` iff resident.
+    values: Vec<Option<V>>,
+    /// Op handles by op index.
+    handles: Vec<Option<Arc<dyn OpHandle<V>>>>,
+    tensors: Slab<TensorRec>,
+    generations: Vec<u32>,
+    memory: Box<dyn MemoryModel>,
+    policy: Box<dyn EvictionPolicy>,
+    config: DtrConfig,
+    rng: SplitMix64,
+    /// Resident storage by block address (models with addresses only).
+    by_ptr: AHashMap<u64, StorageId>,
+    stats: RuntimeStats,
+    record_decisions: bool,
+    decision_ns: Vec<u32>,
+    /// Stop with [`Error::ComputeLimit`] once total compute passes this (ns).
+    compute_limit: Option<f64>,
+    // Scratch.
+    pool: Vec<StorageId>,
+    pool_hot: Vec<Hot>,
+    victims: Vec<StorageId>,
+    frames: Vec<Frame>,
+    touched: Vec<StorageId>,
+}
+
+impl<V> std::fmt::Debug for Runtime<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("policy", &self.policy.name())
+            .field("memory", &self.memory.name())
+            .field("storages", &self.graph.storages.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl<V> Runtime<V> {
+    /// A runtime for `config`: the policy it names, and its budget accounted by the
+    /// memory model of its [`BudgetMode`] (physical: a remat-alloc caching allocator
+    /// over a simulated device of the budget's capacity; unbounded budgets and the
+    /// logical mode use [`LogicalBudget`]).
+    pub fn new(config: DtrConfig) -> Result<Self> {
+        let memory: Box<dyn MemoryModel> = match (config.budget_mode, config.budget) {
+            (BudgetMode::Physical, Some(b)) => Box::new(if config.expandable_segments {
+                crate::physical::PhysicalBudget::expandable(b)?
+            } else {
+                crate::physical::PhysicalBudget::new(b)?
+            }),
+            (_, budget) => Box::new(LogicalBudget::new(budget)),
+        };
+        let policy = make_policy(config.policy, &config);
+        Ok(Self::with_parts(config, memory, policy))
+    }
+
+    /// A runtime over an explicit memory model and policy (the config's budget,
+    /// mode and policy fields are then informative only).
+    pub fn with_parts(
+        config: DtrConfig,
+        memory: Box<dyn MemoryModel>,
+        policy: Box<dyn EvictionPolicy>,
+    ) -> Self {
+        let graph = Graph {
+            min_evictee_bytes: config.min_evictee_bytes,
+            ..Graph::default()
+        };
+        Self {
+            graph,
+            values: Vec::new(),
+            handles: Vec::new(),
+            tensors: Slab::default(),
+            generations: Vec::new(),
+            memory,
+            policy,
+            rng: SplitMix64::new(config.seed),
+            config,
+            by_ptr: AHashMap::new(),
+            stats: RuntimeStats::default(),
+            record_decisions: false,
+            decision_ns: Vec::new(),
+            compute_limit: None,
+            pool: Vec::new(),
+            pool_hot: Vec::new(),
+            victims: Vec::new(),
+            frames: Vec::new(),
+            touched: Vec::new(),
+        }
+    }
+
+    /// Fail rematerializations with [`Error::ComputeLimit`] once first computations
+    /// plus rematerializations exceed `ns` (thrash protection; `None`: no limit).
+    pub fn set_compute_limit(&mut self, ns: Option<f64>) {
+        self.compute_limit = ns;
+    }
+
+    /// Keep the duration of every eviction decision (see [`Runtime::decision_ns`]).
+    pub fn record_decision_times(&mut self, on: bool) {
+        self.record_decisions = on;
+    }
+
+    /// Durations in ns of the recorded decisions.
+    pub fn decision_ns(&self) -> &[u32] {
+        &self.decision_ns
+    }
+
+    /// The config.
+    pub fn config(&self) -> &DtrConfig {
+        &self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RuntimeStats {
+        &self.stats
+    }
+
+    /// The memory model's figures.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        self.memory.usage()
+    }
+
+    /// The memory model.
+    pub fn memory(&self) -> &dyn MemoryModel {
+        &*self.memory
+    }
+
+    /// Name of the policy in use.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Compute clock in ns (first computations plus rematerializations).
+    pub fn clock(&self) -> f64 {
+        self.graph.clock
+    }
+
+    /// Number of storage records (resident, evicted, fake-deleted).
+    pub fn storage_count(&self) -> usize {
+        self.graph.storages.len()
+    }
+
+    /// Number of current eviction candidates.
+    pub fn candidate_count(&self) -> usize {
+        self.graph.candidates.len()
+    }
+
+    // ----- tensors -------------------------------------------------------------
+
+    fn tensor(&self, t: TensorId) -> Result<TensorRec> {
+        match self.tensors.get(t.index) {
+            Some(r) if self.generations[t.index as usize] == t.generation => Ok(*r),
+            _ => Err(Error::UnknownTensor(t)),
+        }
+    }
+
+    fn new_tensor(&mut self, storage: StorageId) -> TensorId {
+        let index = self.tensors.insert(TensorRec { storage, refs: 1 });
+        if self.generations.len() <= index as usize {
+            self.generations.resize(index as usize + 1, 0);
+        }
+        let st = self.graph.st_mut(storage);
+        st.handles += 1;
+        st.tensors.push(index);
+        TensorId {
+            index,
+            generation: self.generations[index as usize],
+        }
+    }
+
+    /// The storage behind tensor `t`.
+    pub fn storage_of(&self, t: TensorId) -> Result<StorageId> {
+        Ok(self.tensor(t)?.storage)
+    }
+
+    /// Whether `t`'s storage is resident.
+    pub fn is_resident(&self, t: TensorId) -> Result<bool> {
+        Ok(self.graph.st(self.tensor(t)?.storage).is_resident())
+    }
+
+    /// Bytes of `t`'s storage.
+    pub fn bytes(&self, t: TensorId) -> Result<u64> {
+        Ok(self.graph.st(self.tensor(t)?.storage).bytes)
+    }
+
+    /// Times `t`'s storage was rematerialized.
+    pub fn recompute_count(&self, t: TensorId) -> Result<u32> {
+        Ok(self.graph.st(self.tensor(t)?.storage).recomputes)
+    }
+
+    /// The value of `t`'s storage if resident (no regeneration, no use recorded).
+    pub fn peek(&self, t: TensorId) -> Result<Option<&V>> {
+        let s = self.tensor(t)?.storage;
+        Ok(self.values[s.0 as usize].as_ref())
+    }
+
+    /// One more handle on `t` (a copy of the name); balance with [`Runtime::release`].
+    pub fn retain(&mut self, t: TensorId) -> Result<()> {
+        let rec = self.tensor(t)?;
+        self.tensors[t.index].refs += 1;
+        self.graph.st_mut(rec.storage).handles += 1;
+        Ok(())
+    }
+
+    // ----- put / apply / record -----------------------------------------------
+
+    /// Bring external data in (an input or a parameter): placed in the budget,
+    /// never evicted.
+    pub fn put(&mut self, value: V, bytes: u64) -> Result<TensorId> {
+        let slot = self.make_room(bytes)?;
+        let s = self.new_storage(bytes, Some(slot), None, 0, false, 0.0);
+        self.values[s.0 as usize] = Some(value);
+        Ok(self.new_tensor(s))
+    }
+
+    /// Run `op` on `inputs` through the runtime: hold the inputs (regenerating
+    /// evicted ones), place the fresh outputs (evicting as needed), compute, release
+    /// the inputs. Returns one tensor per output spec.
+    pub fn apply(
+        &mut self,
+        op: Arc<dyn OpHandle<V>>,
+        inputs: &[TensorId],
+        outputs: &[OutputSpec],
+        cost_ns: u64,
+    ) -> Result<Vec<TensorId>> {
+        self.apply_inner(op, inputs, outputs, cost_ns, None)
+    }
+
+    /// Register outputs the adapter already computed with `op` on `inputs` (the
+    /// candle design: run the real op, then hand the result to the runtime).
+    /// `values` holds one value per fresh output, in order.
+    pub fn record(
+        &mut self,
+        op: Arc<dyn OpHandle<V>>,
+        inputs: &[TensorId],
+        outputs: &[OutputSpec],
+        values: Vec<V>,
+        cost_ns: u64,
+    ) -> Result<Vec<TensorId>> {
+        self.apply_inner(op, inputs, outputs, cost_ns, Some(values))
+    }
+
+    fn apply_inner(
+        &mut self,
+        op: Arc<dyn OpHandle<V>>,
+        inputs: &[TensorId],
+        outputs: &[OutputSpec],
+        cost_ns: u64,
+        given: Option<Vec<V>>,
+    ) -> Result<Vec<TensorId>> {
+        let mut in_storages = Vec::with_capacity(inputs.len());
+        for &t in inputs {
+            in_storages.push(self.tensor(t)?.storage);
+        }
+        let mut fresh = Vec::new();
+        for (o, spec) in outputs.iter().enumerate() {
+            match *spec {
+                OutputSpec::Fresh { bytes } => fresh.push(bytes),
+                OutputSpec::View { input } if input >= inputs.len() => {
+                    return Err(Error::BadViewIndex {
+                        output: o,
+                        input,
+                        inputs: inputs.len(),
+                    })
+                }
+                OutputSpec::View { .. } => {}
+            }
+        }
+        if let Some(threshold) = self.config.threshold {
+            while self.stats.live_bytes > threshold {
+                let req = Request {
+                    bytes: 0,
+                    shape: None,
+                    free_bytes: self.memory.free_bytes(),
+                };
+                if !self.evict_some(req)? {
+                    break;
+                }
+            }
+        }
+        let mut unique = in_storages.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        self.hold(&unique)?;
+        let result = self.place_and_compute(&op, &in_storages, &fresh, given);
+        let now = self.graph.clock + cost_ns as f64;
+        for &s in &unique {
+            self.graph.st_mut(s).last_used = now;
+            self.unpin_storage(s, true);
+        }
+        let (slots, values) = result?;
+        self.graph.clock = now;
+        self.stats.compute_ns += cost_ns as f64;
+        let recomputable = op.recomputable();
+        let op_id = if fresh.is_empty() {
+            None
+        } else {
+            let id = OpId(self.graph.ops.insert(OpRec {
+                inputs: in_storages.clone(),
+                unique_inputs: unique.clone(),
+                outputs: Vec::with_capacity(fresh.len()),
+                live_outputs: fresh.len() as u32,
+                cost: cost_ns as f64,
+            }));
+            if self.handles.len() <= id.0 as usize {
+                self.handles.resize_with(id.0 as usize + 1, || None);
+            }
+            self.handles[id.0 as usize] = Some(op);
+            for &s in &unique {
+                self.graph.st_mut(s).users.push(id);
+            }
+            Some(id)
+        };
+        let mut fresh_ids = Vec::with_capacity(fresh.len());
+        for (k, (slot, value)) in slots.into_iter().zip(values).enumerate() {
+            let bytes = fresh[k];
+            let s = self.new_storage(
+                bytes,
+                Some(slot),
+                op_id,
+                k as u32,
+                recomputable,
+                cost_ns as f64,
+            );
+            self.values[s.0 as usize] = Some(value);
+            self.graph.st_mut(s).last_used = now;
+            if let Some(id) = op_id {
+                self.graph.ops[id.0].outputs.push(Some(s));
+            }
+            self.graph.offer(s);
+            fresh_ids.push(s);
+        }
+        let mut out = Vec::with_capacity(outputs.len());
+        let mut next_fresh = 0;
+        for spec in outputs {
+            let s = match *spec {
+                OutputSpec::Fresh { .. } => {
+                    next_fresh += 1;
+                    fresh_ids[next_fresh - 1]
+                }
+                OutputSpec::View { input } => in_storages[input],
+            };
+            out.push(self.new_tensor(s));
+        }
+        Ok(out)
+    }
+
+    /// Run an in-place op: `op` computes new values for the inputs listed in
+    /// `mutated` (one value each, in that order) from all inputs. Every tensor on a
+    /// mutated storage sees the new value.
+    ///
+    /// The mutated storage keeps its memory (no allocation): the new value becomes a
+    /// new *version* record that takes over the slot and the tensors, produced by
+    /// `op` from the old version, which stays as an evicted record so readers of
+    /// the old value can still be replayed. When the old version cannot be
+    /// recomputed (external data, non-recomputable op) and compute paths still read
+    /// it, the new value gets a fresh allocation instead (copy on write) — or,
+    /// without a budget, those readers are detached.
+    pub fn mutate(
+        &mut self,
+        op: Arc<dyn OpHandle<V>>,
+        inputs: &[TensorId],
+        mutated: &[usize],
+        cost_ns: u64,
+    ) -> Result<()> {
+        let mut in_storages = Vec::with_capacity(inputs.len());
+        for &t in inputs {
+            in_storages.push(self.tensor(t)?.storage);
+        }
+        let mut targets: Vec<StorageId> = Vec::new();
+        for &k in mutated {
+            let s = *in_storages.get(k).ok_or(Error::BadViewIndex {
+                output: 0,
+                input: k,
+                inputs: inputs.len(),
+            })?;
+            if !targets.contains(&s) {
+                targets.push(s);
+            }
+        }
+        let mut unique = in_storages.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        if self.unbounded() {
+            for &t in &targets {
+                if !self.graph.st(t).recomputable && !self.graph.st(t).users.is_empty() {
+                    self.detach_users(t)?;
+                }
+            }
+        }
+        self.hold(&unique)?;
+        // Copy on write where the old version must stay readable and resident.
+        let mut cow = Vec::new();
+        for &t in &targets {
+            let r = self.graph.st(t);
+            let need_copy = !r.recomputable && !r.users.is_empty();
+            cow.push(need_copy);
+        }
+        let mut slots: Vec<Option<Slot>> = Vec::new();
+        let mut failed = None;
+        for (k, &t) in targets.iter().enumerate() {
+            if cow[k] {
+                match self.make_room(self.graph.st(t).bytes) {
+                    Ok(slot) => slots.push(Some(slot)),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            } else {
+                slots.push(None);
+            }
+        }
+        let values = if failed.is_none() {
+            let args: Option<Vec<&V>> = in_storages
+                .iter()
+                .map(|s| self.values[s.0 as usize].as_ref())
+                .collect();
+            match args.map(|a| op.compute(&a)) {
+                Some(Ok(v)) if v.len() == targets.len() => Some(v),
+                Some(Ok(v)) => {
+                    failed = Some(Error::OutputCount {
+                        op: op.name().to_string(),
+                        got: v.len(),
+                        expected: targets.len(),
+                    });
+                    None
+                }
+                Some(Err(e)) => {
+                    failed = Some(e.into());
+                    None
+                }
+                None => {
+                    failed = Some(Error::Internal("mutated input not resident".into()));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let now = self.graph.clock + cost_ns as f64;
+        let (Some(values), None) = (values, failed.take().or(None)) else {
+            let e = failed.unwrap_or_else(|| Error::Internal("mutate failed".into()));
+            self.free_slots(slots.into_iter().flatten().collect());
+            for &s in &unique {
+                self.unpin_storage(s, true);
+            }
+            return Err(e);
+        };
+        self.graph.clock = now;
+        self.stats.compute_ns += cost_ns as f64;
+        let recomputable_op = op.recomputable();
+        let id = OpId(self.graph.ops.insert(OpRec {
+            inputs: in_storages.clone(),
+            unique_inputs: Vec::new(),
+            outputs: Vec::with_capacity(targets.len()),
+            live_outputs: targets.len() as u32,
+            cost: cost_ns as f64,
+        }));
+        if self.handles.len() <= id.0 as usize {
+            self.handles.resize_with(id.0 as usize + 1, || None);
+        }
+        self.handles[id.0 as usize] = Some(op);
+        let mut all_recomputable = true;
+        for (k, (value, slot)) in values.into_iter().zip(slots).enumerate() {
+            let old = targets[k];
+            let old_rec = self.graph.st(old);
+            let recomputable = recomputable_op && old_rec.recomputable;
+            all_recomputable &= recomputable;
+            let bytes = old_rec.bytes;
+            let slot = match slot {
+                Some(slot) => slot,
+                None => {
+                    // Take over the old version's slot: it becomes an evicted record.
+                    let r = self.graph.st_mut(old);
+                    let slot = r
+                        .slot
+                        .take()
+                        .ok_or_else(|| Error::Internal("mutated storage not resident".into()))?;
+                    r.residency = Residency::Evicted;
+                    self.values[old.0 as usize] = None;
+                    self.stats.live_bytes -= bytes;
+                    if self.memory.has_addresses() {
+                        self.unmap_ptr(&slot);
+                    }
+                    self.graph.dsu_on_evict(old);
+                    slot
+                }
+            };
+            let new = self.new_storage(
+                bytes,
+                Some(slot),
+                Some(id),
+                k as u32,
+                recomputable,
+                cost_ns as f64,
+            );
+            self.values[new.0 as usize] = Some(value);
+            self.graph.ops[id.0].outputs.push(Some(new));
+            // Move the tensors (and their handles) to the new version.
+            let tensors = std::mem::take(&mut self.graph.st_mut(old).tensors);
+            let handles = std::mem::replace(&mut self.graph.st_mut(old).handles, 0);
+            for &ti in &tensors {
+                self.tensors[ti].storage = new;
+            }
+            let nr = self.graph.st_mut(new);
+            nr.tensors = tensors;
+            nr.handles = handles;
+            nr.last_used = now;
+            self.graph.st_mut(old).released = true;
+        }
+        if all_recomputable {
+            self.graph.ops[id.0].unique_inputs = unique.clone();
+            for &s in &unique {
+                self.graph.st_mut(s).users.push(id);
+            }
+        } else {
+            // Not replayable: it reads nothing as far as regeneration goes.
+            self.graph.ops[id.0].inputs.clear();
+        }
+        for &s in &unique {
+            if self.graph.st(s).is_resident() {
+                self.graph.st_mut(s).last_used = now;
+            }
+            self.unpin_storage(s, true);
+        }
+        let news: Vec<StorageId> = self.graph.ops[id.0]
+            .outputs
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        for s in news {
+            self.graph.offer(s);
+        }
+        // Old versions nobody reads any more go for real.
+        for &t in &targets {
+            if self
+                .graph
+                .storages
+                .get(t.0)
+                .is_some_and(|r| r.released && r.users.is_empty() && r.pins == 0)
+            {
+                self.delete_cascade(t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Place `fresh` outputs and obtain their values (compute, or the given ones).
+    #[allow(clippy::type_complexity)]
+    fn place_and_compute(
+        &mut self,
+        op: &Arc<dyn OpHandle<V>>,
+        inputs: &[StorageId],
+        fresh: &[u64],
+        given: Option<Vec<V>>,
+    ) -> Result<(Vec<Slot>, Vec<V>)> {
+        let mut slots = Vec::with_capacity(fresh.len());
+        for &bytes in fresh {
+            match self.make_room(bytes) {
+                Ok(slot) => slots.push(slot),
+                Err(e) => {
+                    self.free_slots(slots);
+                    return Err(e);
+                }
+            }
+        }
+        let values = match given {
+            Some(v) => Ok(v),
+            None => {
+                let args: Option<Vec<&V>> = inputs
+                    .iter()
+                    .map(|s| self.values[s.0 as usize].as_ref())
+                    .collect();
+                match args {
+                    Some(args) => op.compute(&args).map_err(Error::from),
+                    None => Err(Error::Internal(
+                        "an input is not resident after hold".into(),
+                    )),
+                }
+            }
+        };
+        let values = match values {
+            Ok(v) if v.len() == fresh.len() => v,
+            Ok(v) => {
+                let got = v.len();
+                self.free_slots(slots);
+                return Err(Error::OutputCount {
+                    op: op.name().to_string(),
+                    got,
+                    expected: fresh.len(),
+                });
+            }
+            Err(e) => {
+                self.free_slots(slots);
+                return Err(e);
+            }
+        };
+        Ok((slots, values))
+    }
+
+    fn free_slots(&mut self, slots: Vec<Slot>) {
+        for slot in slots {
+            // Best effort on an error path: the slot was just handed out.
+            let _ = self.memory.free(slot);
+        }
+    }
+
+    fn new_storage(
+        &mut self,
+        bytes: u64,
+        slot: Option<Slot>,
+        producer: Option<OpId>,
+        output_index: u32,
+        recomputable: bool,
+        cost: f64,
+    ) -> StorageId {
+        let resident = slot.is_some();
+        let ptr = slot.as_ref().filter(|s| s.size > 0).map(|s| s.ptr);
+        let idx = self.graph.storages.insert(StorageRec {
+            bytes,
+            residency: if resident {
+                Residency::Resident
+            } else {
+                Residency::Evicted
+            },
+            slot,
+            producer,
+            output_index,
+            users: Vec::new(),
+            handles: 0,
+            tensors: Vec::new(),
+            pins: 0,
+            holds: 0,
+            last_used: self.graph.clock,
+            recomputes: 0,
+            dsu: NONE,
+            cand_pos: NONE,
+            released: false,
+            recomputable: recomputable && producer.is_some(),
+            cost,
+            stamp: 0,
+        });
+        let s = StorageId(idx);
+        if let (Some(ptr), true) = (ptr, self.memory.has_addresses()) {
+            self.by_ptr.insert(ptr, s);
+        }
+        if self.values.len() <= idx as usize {
+            self.values.resize_with(idx as usize + 1, || None);
+        }
+        if resident {
+            self.stats.live_bytes += bytes;
+            self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+        }
+        s
+    }
+
+    // ----- access / pin / release / evict -------------------------------------
+
+    /// The value of `t`, regenerating its storage if evicted; records a use.
+    pub fn access(&mut self, t: TensorId) -> Result<&V> {
+        let s = self.tensor(t)?.storage;
+        self.hold(&[s])?;
+        self.graph.st_mut(s).last_used = self.graph.clock;
+        self.unpin_storage(s, true);
+        self.values[s.0 as usize]
+            .as_ref()
+            .ok_or_else(|| Error::Internal("accessed storage is not resident".into()))
+    }
+
+    /// Make `t` resident and keep it so until [`Runtime::unpin`] (for handing it to
+    /// code outside the runtime).
+    pub fn pin(&mut self, t: TensorId) -> Result<()> {
+        let s = self.tensor(t)?.storage;
+        self.hold(&[s])?;
+        self.graph.st_mut(s).holds -= 1;
+        Ok(())
+    }
+
+    /// Undo one [`Runtime::pin`].
+    pub fn unpin(&mut self, t: TensorId) -> Result<()> {
+        let s = self.tensor(t)?.storage;
+        let r = self.graph.st(s);
+        if r.pins <= r.holds {
+            return Err(Error::NotPinned(t));
+        }
+        self.unpin_storage(s, false);
+        Ok(())
+    }
+
+    /// Evict `t`'s storage now if it can be (resident, recomputable, unpinned).
+    pub fn evict(&mut self, t: TensorId) -> Result<bool> {
+        let s = self.tensor(t)?.storage;
+        if self.graph.eligible(s) || {
+            let r = self.graph.st(s);
+            r.is_resident() && r.recomputable && r.pins == 0
+        } {
+            self.evict_storage(s, false)?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Drop one handle on `t`. When no handle on its storage remains: a fake
+    /// delete (free the memory, keep the record) while compute paths that may
+    /// be replayed still read it, else a real delete that cascades to inputs
+    /// nothing needs any more.
+    pub fn release(&mut self, t: TensorId) -> Result<()> {
+        let rec = self.tensor(t)?;
+        let tr = &mut self.tensors[t.index];
+        tr.refs -= 1;
+        let gone = tr.refs == 0;
+        if gone {
+            self.tensors.remove(t.index);
+            self.generations[t.index as usize] = self.generations[t.index as usize].wrapping_add(1);
+        }
+        let s = rec.storage;
+        let st = self.graph.st_mut(s);
+        if gone {
+            if let Some(p) = st.tensors.iter().position(|x| *x == t.index) {
+                st.tensors.swap_remove(p);
+            }
+        }
+        st.handles -= 1;
+        if st.handles == 0 {
+            st.released = true;
+            if st.pins == 0 {
+                self.settle_released(s, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A released storage with no pins: delete it when nothing reads it, else
+    /// (when `eager`) fake-delete it.
+    fn settle_released(&mut self, s: StorageId, eager: bool) -> Result<()> {
+        let r = self.graph.st(s);
+        if eager && !r.users.is_empty() && !r.recomputable && self.unbounded() {
+            // Nothing is ever evicted without a budget: readers need not be
+            // replayable, so detach them and free the data now.
+            self.detach_users(s)?;
+        }
+        let Some(r) = self.graph.storages.get(s.0) else {
+            return Ok(()); // deleted by the cascade of a detached reader
+        };
+        if r.users.is_empty() {
+            self.delete_cascade(s)
+        } else if eager && r.is_resident() && r.recomputable {
+            self.evict_storage(s, true)
+        } else {
+            self.graph.offer(s);
+            Ok(())
+        }
+    }
+
+    fn unmap_ptr(&mut self, slot: &Slot) {
+        if slot.size > 0 && self.by_ptr.get(&slot.ptr).is_some() {
+            self.by_ptr.remove(&slot.ptr);
+        }
+    }
+
+    /// No budget and no threshold: eviction never happens on its own.
+    fn unbounded(&self) -> bool {
+        self.memory.capacity().is_none() && self.config.threshold.is_none()
+    }
+
+    /// MegEngine's `detach_users`, without regenerating dead records: every compute
+    /// path reading `s` stops reading it; its outputs become non-recomputable. A
+    /// live output that is evicted is regenerated first; an evicted output nobody
+    /// holds (a fake-deleted record) is detached in turn (work list) and deleted.
+    fn detach_users(&mut self, s: StorageId) -> Result<()> {
+        let mut work = vec![s];
+        let mut dead = Vec::new();
+        while let Some(x) = work.pop() {
+            let Some(xr) = self.graph.storages.get_mut(x.0) else {
+                continue;
+            };
+            let users = std::mem::take(&mut xr.users);
+            for op in users {
+                let outs: Vec<StorageId> = self.graph.ops[op.0]
+                    .outputs
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .collect();
+                for o in outs {
+                    let r = self.graph.st(o);
+                    if !r.is_resident() {
+                        if r.released {
+                            work.push(o);
+                            dead.push(o);
+                        } else {
+                            self.hold(&[o])?;
+                            self.unpin_storage(o, true);
+                        }
+                    }
+                    self.graph.withdraw(o);
+                    self.graph.st_mut(o).recomputable = false;
+                }
+                // The op stays as its outputs' producer record but reads nothing.
+                let inputs = std::mem::take(&mut self.graph.ops[op.0].unique_inputs);
+                self.graph.ops[op.0].inputs.clear();
+                for i in inputs {
+                    let Some(ir) = self.graph.storages.get_mut(i.0) else {
+                        continue;
+                    };
+                    if let Some(p) = ir.users.iter().position(|u| *u == op) {
+                        ir.users.swap_remove(p);
+                    }
+                    if i != s && ir.released && ir.users.is_empty() && ir.pins == 0 {
+                        dead.push(i);
+                    }
+                }
+            }
+        }
+        for d in dead {
+            if d != s {
+                self.delete_cascade(d)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn unpin_storage(&mut self, s: StorageId, hold: bool) {
+        let r = self.graph.st_mut(s);
+        r.pins -= 1;
+        if hold {
+            r.holds -= 1;
+        }
+        if r.pins == 0 {
+            if r.released {
+                // Errors here are memory-model failures on free: surface later via
+                // invariants; nothing to undo for the caller.
+                let _ = self.settle_released(s, false);
+            } else {
+                self.graph.offer(s);
+            }
+        }
+    }
+
+    fn evict_storage(&mut self, s: StorageId, fake_delete: bool) -> Result<()> {
+        self.graph.withdraw(s);
+        let r = self.graph.st_mut(s);
+        let slot = r.slot.take();
+        r.residency = Residency::Evicted;
+        let bytes = r.bytes;
+        self.values[s.0 as usize] = None;
+        self.stats.live_bytes -= bytes;
+        if fake_delete {
+            self.stats.fake_deletes += 1;
+        } else {
+            self.stats.evictions += 1;
+        }
+        if let Some(slot) = slot {
+            if self.memory.has_addresses() {
+                self.unmap_ptr(&slot);
+            }
+            self.memory.free(slot).map_err(Error::Memory)?;
+        }
+        self.graph.dsu_on_evict(s);
+        tracing::trace!(target: "remat_dtr::evict", storage = s.0, bytes, "evict");
+        Ok(())
+    }
+
+    /// Real delete of released storages nothing reads, cascading to inputs.
+    fn delete_cascade(&mut self, first: StorageId) -> Result<()> {
+        let mut work = vec![first];
+        while let Some(s) = work.pop() {
+            let Some(r) = self.graph.storages.get(s.0) else {
+                continue;
+            };
+            if !(r.released && r.users.is_empty() && r.pins == 0) {
+                continue;
+            }
+            self.graph.withdraw(s);
+            let r = self
+                .graph
+                .storages
+                .remove(s.0)
+                .ok_or_else(|| Error::Internal("vanished".into()))?;
+            self.values[s.0 as usize] = None;
+            if let Some(slot) = r.slot {
+                self.stats.live_bytes -= r.bytes;
+                if self.memory.has_addresses() {
+                    self.unmap_ptr(&slot);
+                }
+                self.memory.free(slot).map_err(Error::Memory)?;
+            }
+            if let Some(op) = r.producer {
+                let o = &mut self.graph.ops[op.0];
+                o.outputs[r.output_index as usize] = None;
+                o.live_outputs -= 1;
+                if o.live_outputs == 0 {
+                    let o = self
+                        .graph
+                        .ops
+                        .remove(op.0)
+                        .ok_or_else(|| Error::Internal("op vanished".into()))?;
+                    self.handles[op.0 as usize] = None;
+                    for i in o.unique_inputs {
+                        let ir = self.graph.st_mut(i);
+                        if let Some(p) = ir.users.iter().position(|u| *u == op) {
+                            ir.users.swap_remove(p);
+                        }
+                        if ir.released && ir.users.is_empty() && ir.pins == 0 {
+                            work.push(i);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ----- regeneration --------------------------------------------------------
+
+    /// Make every storage of `targets` resident and hold each once (pins += 1,
+    /// holds += 1). On error every hold taken by this call is dropped.
+    fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
+        self.touched.clear();
+        self.frames.clear();
+        for &t in targets.iter().rev() {
+            self.frames.push(Frame::Need(t));
+        }
+        while let Some(frame) = self.frames.pop() {
+            let step = match frame {
+                Frame::Need(s) => self.need(s),
+                Frame::Run { op, target } => self.run(op, target),
+            };
+            if let Err(e) = step {
+                self.frames.clear();
+                let touched = std::mem::take(&mut self.touched);
+                for &s in &touched {
+                    if let Some(r) = self.graph.storages.get_mut(s.0) {
+                        r.pins -= r.holds;
+                        r.holds = 0;
+                        if r.pins == 0 {
+                            self.graph.offer(s);
+                        }
+                    }
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn take_hold(&mut self, s: StorageId) {
+        self.graph.pin(s);
+        self.graph.st_mut(s).holds += 1;
+        self.touched.push(s);
+    }
+
+    fn need(&mut self, s: StorageId) -> Result<()> {
+        let r = self.graph.st(s);
+        if r.is_resident() {
+            self.take_hold(s);
+            return Ok(());
+        }
+        let op = match r.producer {
+            Some(op) if r.recomputable => op,
+            _ => return Err(Error::NotRegenerable(s)),
+        };
+        self.frames.push(Frame::Run { op, target: s });
+        for &i in &self.graph.ops[op.0].unique_inputs {
+            self.frames.push(Frame::Need(i));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, op: OpId, target: StorageId) -> Result<()> {
+        let unique = self.graph.ops[op.0].unique_inputs.clone();
+        if !self.graph.st(target).is_resident() {
+            self.rematerialize(op)?;
+        }
+        let now = self.graph.clock;
+        for s in unique {
+            self.graph.st_mut(s).last_used = now;
+            self.unpin_storage(s, true);
+        }
+        self.take_hold(target);
+        Ok(())
+    }
+
+    /// Replay `op` (inputs held) and fill its non-resident outputs.
+    #[cold]
+    fn rematerialize(&mut self, op: OpId) -> Result<()> {
+        if let Some(limit) = self.compute_limit {
+            if self.stats.total_compute_ns() > limit {
+                return Err(Error::ComputeLimit {
+                    limit_ns: limit,
+                    spent_ns: self.stats.total_compute_ns(),
+                });
+            }
+        }
+        let missing: Vec<(usize, StorageId)> = self.graph.ops[op.0]
+            .outputs
+            .iter()
+            .enumerate()
+            .filter_map(|(k, o)| {
+                o.filter(|s| !self.graph.st(*s).is_resident())
+                    .map(|s| (k, s))
+            })
+            .collect();
+        // Keep the outputs out of the candidates while their siblings are placed.
+        let mut slots = Vec::with_capacity(missing.len());
+        for &(_, s) in &missing {
+            let bytes = self.graph.st(s).bytes;
+            match self.make_room(bytes) {
+                Ok(slot) => slots.push(slot),
+                Err(e) => {
+                    self.free_slots(slots);
+                    return Err(e);
+                }
+            }
+        }
+        let handle = self.handles[op.0 as usize]
+            .clone()
+            .ok_or_else(|| Error::Internal("op without handle".into()))?;
+        let rec = &self.graph.ops[op.0];
+        let (cost, n_out) = (rec.cost, rec.outputs.len());
+        let args: Option<Vec<&V>> = rec
+            .inputs
+            .iter()
+            .map(|s| self.values[s.0 as usize].as_ref())
+            .collect();
+        let result = match args {
+            Some(args) => handle.compute(&args).map_err(Error::from),
+            None => Err(Error::Internal("regeneration input not resident".into())),
+        };
+        let mut values: Vec<Option<V>> = match result {
+            Ok(v) if v.len() == n_out => v.into_iter().map(Some).collect(),
+            Ok(v) => {
+                let got = v.len();
+                self.free_slots(slots);
+                return Err(Error::OutputCount {
+                    op: handle.name().to_string(),
+                    got,
+                    expected: n_out,
+                });
+            }
+            Err(e) => {
+                self.free_slots(slots);
+                return Err(e);
+            }
+        };
+        self.graph.clock += cost;
+        self.stats.remat_ns += cost;
+        self.stats.rematerializations += 1;
+        let now = self.graph.clock;
+        for (&(k, s), slot) in missing.iter().zip(slots) {
+            self.values[s.0 as usize] = values[k].take();
+            let ptr = slot.ptr;
+            let r = self.graph.st_mut(s);
+            r.residency = Residency::Resident;
+            r.slot = Some(slot);
+            r.recomputes += 1;
+            r.last_used = now;
+            let bytes = r.bytes;
+            self.graph.dsu_on_remat(s);
+            if self.memory.has_addresses()
+                && self.graph.st(s).slot.as_ref().is_some_and(|x| x.size > 0)
+            {
+                self.by_ptr.insert(ptr, s);
+            }
+            self.stats.live_bytes += bytes;
+            self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+            self.graph.offer(s);
+        }
+        tracing::trace!(target: "remat_dtr::remat", op = op.0, cost, "rematerialize");
+        Ok(())
+    }
+
+    // ----- eviction ------------------------------------------------------------
+
+    /// Place `bytes`, evicting while the memory model says there is no room.
+    fn make_room(&mut self, bytes: u64) -> Result<Slot> {
+        let mut first = true;
+        loop {
+            match self.memory.allocate(bytes) {
+                Ok(slot) => return Ok(slot),
+                Err(AllocFailure::Other(m)) => return Err(Error::Memory(m)),
+                Err(AllocFailure::NoRoom { free_bytes }) => {
+                    if first {
+                        first = false;
+                        self.stats.evicting_allocations += 1;
+                        self.stats.free_at_failure_bytes += free_bytes as f64;
+                    }
+                    self.stats.oom_retries += 1;
+                    tracing::trace!(target: "remat_dtr::oom", bytes, free_bytes, "allocation failed; evicting");
+                    let req = Request {
+                        bytes,
+                        shape: Some(self.memory.shape(bytes)),
+                        free_bytes,
+                    };
+                    if !self.evict_some(req)? {
+                        return Err(self.impossible(bytes));
+                    }
+                }
+            }
+        }
+    }
+
+    #[cold]
+    fn impossible(&self, needed: u64) -> Error {
+        let usage = self.memory.usage();
+        let resident = self.stats.live_bytes;
+        let evictable = self.graph.candidate_bytes;
+        let report = ImpossibleBudget {
+            needed,
+            budget: usage.capacity.unwrap_or(u64::MAX),
+            resident,
+            evictable,
+            pinned: resident - evictable.min(resident),
+            free_but_fragmented: self.memory.free_bytes(),
+        };
+        tracing::debug!(target: "remat_dtr::oom", %report, "impossible budget");
+        Error::ImpossibleBudget(Box::new(report))
+    }
+
+    /// Fill the decision pool: all candidates or a seeded ⌈√N⌉ sample, without
+    /// those under 1 % of the mean candidate size when filtering.
+    fn fill_pool(&mut self) {
+        self.pool.clear();
+        self.pool_hot.clear();
+        let cands = &self.graph.candidates;
+        let n = cands.len();
+        if n == 0 {
+            return;
+        }
+        let threshold = if self.config.filter {
+            self.graph.candidate_bytes / n as u64 / 100
+        } else {
+            0
+        };
+        let hot = &self.graph.hot;
+        if self.config.sampling && n > 16 {
+            let k = (n as f64).sqrt().ceil() as usize;
+            for _ in 0..k {
+                let i = self.rng.below(n);
+                if hot[i].bytes >= threshold {
+                    self.pool.push(cands[i]);
+                    self.pool_hot.push(hot[i]);
+                }
+            }
+        } else {
+            for (i, &s) in cands.iter().enumerate() {
+                if hot[i].bytes >= threshold {
+                    self.pool.push(s);
+                    self.pool_hot.push(hot[i]);
+                }
+            }
+        }
+        if self.pool.is_empty() {
+            self.pool.extend(cands.iter().take(64));
+            self.pool_hot.extend(hot.iter().take(64));
+        }
+    }
+
+    /// Ask the policy which storages it would evict to place `bytes` now, without
+    /// evicting (a dry run: benches, debugging). Advances the sampler.
+    pub fn decide(&mut self, bytes: u64) -> Vec<StorageId> {
+        self.fill_pool();
+        let mut victims = Vec::new();
+        let request = Request {
+            bytes,
+            shape: Some(self.memory.shape(bytes)),
+            free_bytes: self.memory.free_bytes(),
+        };
+        let mut view = DecisionView {
+            graph: &mut self.graph,
+            memory: &*self.memory,
+            pool: &self.pool,
+            pool_hot: &self.pool_hot,
+            by_ptr: &self.by_ptr,
+            request,
+        };
+        self.policy.choose(&mut view, &mut victims);
+        victims
+    }
+
+    /// One policy decision and its evictions. `false` when nothing is evictable.
+    #[cold]
+    fn evict_some(&mut self, request: Request) -> Result<bool> {
+        if self.graph.candidates.is_empty() {
+            return Ok(false);
+        }
+        let start = Instant::now();
+        self.fill_pool();
+        self.victims.clear();
+        {
+            let mut view = DecisionView {
+                graph: &mut self.graph,
+                memory: &*self.memory,
+                pool: &self.pool,
+                pool_hot: &self.pool_hot,
+                by_ptr: &self.by_ptr,
+                request,
+            };
+            self.policy.choose(&mut view, &mut self.victims);
+        }
+        let elapsed = start.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+        self.stats.decisions += 1;
+        if self.record_decisions {
+            self.decision_ns.push(elapsed);
+        }
+        let mut victims = std::mem::take(&mut self.victims);
+        victims.retain(|s| {
+            self.graph
+                .storages
+                .get(s.0)
+                .is_some_and(|r| r.cand_pos != NONE)
+        });
+        victims.dedup();
+        if victims.is_empty() {
+            // The policy gave nothing usable: least recently used of the pool.
+            let g = &self.graph;
+            if let Some(&s) = self
+                .pool
+                .iter()
+                .min_by(|a, b| g.st(**a).last_used.total_cmp(&g.st(**b).last_used))
+            {
+                victims.push(s);
+            }
+        }
+        for &s in &victims {
+            if self.graph.st(s).cand_pos != NONE {
+                self.evict_storage(s, false)?;
+            }
+        }
+        self.victims = victims;
+        Ok(true)
+    }
+
+    // ----- invariants ----------------------------------------------------------
+
+    /// Walk every record and check the invariants (tests call it after each step).
+    pub fn check_invariants(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Internal(m));
+        let mut live = 0u64;
+        let mut cand_bytes = 0u64;
+        for (i, r) in self.graph.storages.iter() {
+            let s = StorageId(i);
+            let has_value = self.values[i as usize].is_some();
+            if r.is_resident() != r.slot.is_some() || r.is_resident() != has_value {
+                return bad(format!(
+                    "{s:?}: residency {:?}, slot {}, value {has_value}",
+                    r.residency,
+                    r.slot.is_some()
+                ));
+            }
+            if r.is_resident() {
+                live += r.bytes;
+            }
+            if r.holds != 0 {
+                return bad(format!("{s:?}: {} holds outside a call", r.holds));
+            }
+            let should = self.graph.eligible(s);
+            if should != (r.cand_pos != NONE) {
+                return bad(format!(
+                    "{s:?}: eligible {should} but cand_pos {}",
+                    r.cand_pos
+                ));
+            }
+            if r.cand_pos != NONE {
+                cand_bytes += r.bytes;
+                if self.graph.candidates.get(r.cand_pos as usize) != Some(&s) {
+                    return bad(format!("{s:?}: candidate position mismatch"));
+                }
+                let h = self.graph.hot[r.cand_pos as usize];
+                if h.bytes != r.bytes || h.cost != r.cost || h.last_used != r.last_used {
+                    return bad(format!("{s:?}: stale hot fields {h:?}"));
+                }
+            }
+            if r.released && r.handles != 0 {
+                return bad(format!("{s:?}: released with {} handles", r.handles));
+            }
+            if r.residency == Residency::Evicted && r.dsu == NONE {
+                return bad(format!("{s:?}: evicted without a union-find node"));
+            }
+            for u in &r.users {
+                match self.graph.ops.get(u.0) {
+                    Some(o) if o.unique_inputs.contains(&s) => {}
+                    _ => return bad(format!("{s:?}: user {u:?} does not read it")),
+                }
+            }
+            if let Some(op) = r.producer {
+                match self.graph.ops.get(op.0) {
+                    Some(o) if o.outputs.get(r.output_index as usize) == Some(&Some(s)) => {}
+                    _ => return bad(format!("{s:?}: producer {op:?} does not list it")),
+                }
+            }
+        }
+        if live != self.stats.live_bytes {
+            return bad(format!(
+                "live bytes {live} != counter {}",
+                self.stats.live_bytes
+            ));
+        }
+        if cand_bytes != self.graph.candidate_bytes {
+            return bad(format!(
+                "candidate bytes {cand_bytes} != counter {}",
+                self.graph.candidate_bytes
+            ));
+        }
+        let mut handles: AHashMap<u32, u32> = AHashMap::new();
+        for (_, t) in self.tensors.iter() {
+            *handles.entry(t.storage.0).or_default() += t.refs;
+        }
+        for (i, r) in self.graph.storages.iter() {
+            if handles.get(&i).copied().unwrap_or(0) != r.handles {
+                return bad(format!(
+                    "storage {i}: handle count {} != recount",
+                    r.handles
+                ));
+            }
+        }
+        for (i, o) in self.graph.ops.iter() {
+            for s in &o.unique_inputs {
+                match self.graph.storages.get(s.0) {
+                    Some(r) if r.users.contains(&OpId(i)) => {}
+                    _ => return bad(format!("op {i}: input {s:?} does not list it as user")),
+                }
+            }
+            if o.outputs.iter().flatten().count() as u32 != o.live_outputs {
+                return bad(format!("op {i}: live output count"));
+            }
+        }
+        Ok(())
+    }
+}

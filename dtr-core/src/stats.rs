@@ -1,0 +1,66 @@
+//! [`RuntimeStats`]: counters of one runtime, plain data.
+
+use std::fmt;
+
+/// Counters; compute figures in ns of op cost as reported by the adapter.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeStats {
+    /// Cost of first computations (every `apply`/`record`).
+    pub compute_ns: f64,
+    /// Cost of rematerializations.
+    pub remat_ns: f64,
+    /// Storages evicted by the policy or by [`crate::Runtime::evict`].
+    pub evictions: u64,
+    /// Released storages whose memory was freed while their record stays (fake
+    /// deletes).
+    pub fake_deletes: u64,
+    /// Compute paths replayed to rematerialize.
+    pub rematerializations: u64,
+    /// Allocation attempts that failed and were retried after an eviction.
+    pub oom_retries: u64,
+    /// Allocations that needed at least one eviction.
+    pub evicting_allocations: u64,
+    /// Sum over [`RuntimeStats::evicting_allocations`] of the free bytes inside the
+    /// budget at their first failure (Coop's fragmentation numerator).
+    pub free_at_failure_bytes: f64,
+    /// Policy decisions taken.
+    pub decisions: u64,
+    /// Bytes of resident storages now.
+    pub live_bytes: u64,
+    /// Peak of `live_bytes`.
+    pub peak_live_bytes: u64,
+}
+
+impl RuntimeStats {
+    /// First computations plus rematerializations.
+    pub fn total_compute_ns(&self) -> f64 {
+        self.compute_ns + self.remat_ns
+    }
+
+    /// Coop's fragmentation metric: mean free bytes at allocations that needed
+    /// eviction, over `budget`.
+    pub fn mean_free_at_failure(&self, budget: u64) -> f64 {
+        if self.evicting_allocations == 0 || budget == 0 {
+            0.0
+        } else {
+            self.free_at_failure_bytes / self.evicting_allocations as f64 / budget as f64
+        }
+    }
+}
+
+impl fmt::Display for RuntimeStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "compute {:.0} ns + remat {:.0} ns, {} evictions, {} rematerializations, {} OOM retries, \
+             live {} B (peak {} B)",
+            self.compute_ns,
+            self.remat_ns,
+            self.evictions,
+            self.rematerializations,
+            self.oom_retries,
+            self.live_bytes,
+            self.peak_live_bytes
+        )
+    }
+}

@@ -1,0 +1,252 @@
+//! Runtime semantics: fake/real delete, pins, aliases, non-recomputable ops, the
+//! impossible-budget error, the 100k chain, config from the environment.
+
+use std::sync::Arc;
+
+use remat_dtr::{
+    BudgetMode, DtrConfig, Error, FnOp, OpError, OpHandle, OutputSpec, PolicyKind, Runtime,
+};
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 31)
+}
+
+fn op(seed: u64, outs: usize) -> Arc<dyn OpHandle<u64>> {
+    Arc::new(FnOp::new(format!("op{seed}"), move |ins: &[&u64]| {
+        let h = ins.iter().fold(seed, |h, v| mix(h, **v));
+        Ok::<_, OpError>((0..outs as u64).map(|k| mix(h, k)).collect())
+    }))
+}
+
+struct Once;
+impl OpHandle<u64> for Once {
+    fn name(&self) -> &str {
+        "rng"
+    }
+    fn compute(&self, ins: &[&u64]) -> Result<Vec<u64>, OpError> {
+        Ok(vec![ins[0] + 1])
+    }
+    fn recomputable(&self) -> bool {
+        false
+    }
+}
+
+fn logical(budget: u64, policy: PolicyKind) -> Runtime<u64> {
+    let c = DtrConfig::default()
+        .with_budget(budget)
+        .with_budget_mode(BudgetMode::Logical)
+        .with_policy(policy)
+        .with_sampling(false);
+    Runtime::new(c).unwrap()
+}
+
+#[test]
+fn chain_of_100k_regenerates_without_recursion() {
+    let mut rt = logical(10 * 64, PolicyKind::DtrEq);
+    let x = rt.put(1, 64).unwrap();
+    let f = op(3, 1);
+    let mut ts = vec![x];
+    let mut prev = x;
+    for _ in 0..100_000 {
+        prev = rt
+            .apply(f.clone(), &[prev], &[OutputSpec::fresh(64)], 1)
+            .unwrap()[0];
+        ts.push(prev);
+    }
+    // Evict everything that can go, then ask for the last: a 100k-deep chain.
+    let first = *rt.access(ts[1]).unwrap();
+    for t in &ts[1..] {
+        rt.evict(*t).unwrap();
+    }
+    let before = rt.stats().rematerializations;
+    let last = *rt.access(ts[100_000]).unwrap();
+    assert!(rt.stats().rematerializations - before >= 99_990);
+    let mut expect = 1u64;
+    for _ in 0..100_000 {
+        expect = mix(3, expect);
+        expect = mix(expect, 0);
+    }
+    assert_eq!(last, expect);
+    assert_eq!(first, *rt.access(ts[1]).unwrap());
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn fake_delete_keeps_what_evicted_dependants_need() {
+    let mut rt = logical(1 << 20, PolicyKind::DtrEq);
+    let x = rt.put(5, 100).unwrap();
+    let a = rt
+        .apply(op(1, 1), &[x], &[OutputSpec::fresh(100)], 10)
+        .unwrap()[0];
+    let b = rt
+        .apply(op(2, 1), &[a], &[OutputSpec::fresh(100)], 10)
+        .unwrap()[0];
+    let vb = *rt.access(b).unwrap();
+    // Release a: b may need it, so the record stays (fake delete) but its memory goes.
+    let sa = rt.storage_of(a).unwrap();
+    rt.release(a).unwrap();
+    assert_eq!(rt.stats().live_bytes, 200);
+    assert!(rt.evict(b).unwrap());
+    assert_eq!(
+        *rt.access(b).unwrap(),
+        vb,
+        "b regenerated through the fake-deleted a"
+    );
+    assert!(rt.storage_count() >= 3);
+    rt.check_invariants().unwrap();
+    // Release b: nothing reads b, so b goes for real, and a (released, no users) too.
+    rt.release(b).unwrap();
+    assert_eq!(rt.storage_count(), 1, "{sa:?} and b were really deleted");
+    assert_eq!(rt.stats().live_bytes, 100);
+    rt.check_invariants().unwrap();
+    assert!(matches!(rt.access(b), Err(Error::UnknownTensor(_))));
+}
+
+#[test]
+fn pins_block_eviction_and_unpin_balances() {
+    let mut rt = logical(400, PolicyKind::Lru);
+    let x = rt.put(0, 100).unwrap();
+    let a = rt
+        .apply(op(1, 1), &[x], &[OutputSpec::fresh(100)], 10)
+        .unwrap()[0];
+    rt.pin(a).unwrap();
+    let b = rt
+        .apply(op(2, 1), &[x], &[OutputSpec::fresh(100)], 10)
+        .unwrap()[0];
+    let c = rt
+        .apply(op(3, 1), &[b], &[OutputSpec::fresh(100)], 10)
+        .unwrap()[0];
+    let _d = rt
+        .apply(op(4, 1), &[c], &[OutputSpec::fresh(100)], 10)
+        .unwrap()[0];
+    assert!(rt.is_resident(a).unwrap(), "pinned a survived");
+    assert!(!rt.is_resident(b).unwrap(), "b was the only candidate");
+    rt.unpin(a).unwrap();
+    assert!(matches!(rt.unpin(a), Err(Error::NotPinned(_))));
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn views_share_one_storage() {
+    let mut rt = logical(1 << 20, PolicyKind::DtrEq);
+    let x = rt.put(9, 100).unwrap();
+    let outs = rt
+        .apply(
+            op(4, 1),
+            &[x],
+            &[OutputSpec::fresh(100), OutputSpec::view(0)],
+            5,
+        )
+        .unwrap();
+    assert_eq!(rt.storage_of(outs[1]).unwrap(), rt.storage_of(x).unwrap());
+    assert_eq!(rt.stats().live_bytes, 200);
+    let v = rt
+        .apply(op(5, 0), &[outs[0]], &[OutputSpec::view(0)], 1)
+        .unwrap()[0];
+    assert_eq!(rt.storage_of(v).unwrap(), rt.storage_of(outs[0]).unwrap());
+    // Releasing one view keeps the storage alive for the other.
+    rt.release(outs[0]).unwrap();
+    assert!(rt.is_resident(v).unwrap());
+    assert!(matches!(
+        rt.apply(op(6, 0), &[x], &[OutputSpec::view(3)], 1),
+        Err(Error::BadViewIndex { .. })
+    ));
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn non_recomputable_outputs_are_never_evicted() {
+    let mut rt = logical(300, PolicyKind::LargestFirst);
+    let x = rt.put(1, 100).unwrap();
+    let r = rt
+        .apply(Arc::new(Once), &[x], &[OutputSpec::fresh(100)], 1)
+        .unwrap()[0];
+    let err = rt
+        .apply(op(7, 1), &[r], &[OutputSpec::fresh(150)], 1)
+        .unwrap_err();
+    match err {
+        Error::ImpossibleBudget(b) => {
+            assert_eq!(b.needed, 150);
+            assert_eq!(b.resident, 200);
+            assert_eq!(b.evictable, 0);
+            assert_eq!(b.pinned, 200);
+            assert_eq!(b.free_but_fragmented, 100);
+            assert!(b.to_string().contains("150"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(rt.is_resident(r).unwrap());
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn impossible_budget_is_an_error_not_a_hang() {
+    let mut rt = logical(250, PolicyKind::Remat);
+    let x = rt.put(1, 100).unwrap();
+    let a = rt
+        .apply(op(1, 1), &[x], &[OutputSpec::fresh(100)], 1)
+        .unwrap()[0];
+    // Needs a (pinned as input) + x + 100 new: 300 > 250, and a cannot go.
+    let e = rt
+        .apply(op(2, 1), &[a, x], &[OutputSpec::fresh(100)], 1)
+        .unwrap_err();
+    assert!(e.is_impossible_budget(), "{e}");
+    // State is intact after the error.
+    rt.check_invariants().unwrap();
+    assert_eq!(*rt.access(a).unwrap(), mix(mix(1, 1), 0));
+}
+
+#[test]
+fn threshold_trigger_evicts_before_ops() {
+    let c = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_threshold(Some(250))
+        .with_policy(PolicyKind::Lru);
+    let mut rt: Runtime<u64> = Runtime::new(c).unwrap();
+    let x = rt.put(1, 100).unwrap();
+    let mut t = x;
+    for i in 0..5 {
+        t = rt
+            .apply(op(i, 1), &[t], &[OutputSpec::fresh(100)], 1)
+            .unwrap()[0];
+    }
+    assert!(rt.stats().evictions >= 2);
+    assert!(rt.stats().live_bytes <= 350);
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn record_registers_outputs_computed_outside() {
+    let mut rt = logical(200, PolicyKind::DtrEq);
+    let x = rt.put(3, 50).unwrap();
+    let f = op(8, 1);
+    let v = f.compute(&[&3]).unwrap();
+    let a = rt
+        .record(f.clone(), &[x], &[OutputSpec::fresh(100)], v.clone(), 4)
+        .unwrap()[0];
+    assert!(rt.evict(a).unwrap());
+    assert_eq!(*rt.access(a).unwrap(), v[0]);
+    assert_eq!(rt.recompute_count(a).unwrap(), 1);
+}
+
+#[test]
+fn config_from_env_is_typed() {
+    // Only this test touches the variable.
+    std::env::set_var("REMAT_DTR_CONF", "policy:coop,budget:1MiB");
+    let c = DtrConfig::from_env().unwrap();
+    assert_eq!(c.policy, PolicyKind::Coop);
+    assert_eq!(c.budget, Some(1 << 20));
+    std::env::set_var("REMAT_DTR_CONF", "policy:nope");
+    assert!(DtrConfig::from_env().is_err());
+    std::env::remove_var("REMAT_DTR_CONF");
+    assert_eq!(DtrConfig::from_env().unwrap(), DtrConfig::default());
+}
+
+#[test]
+fn runtime_is_send_for_send_values() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Runtime<u64>>();
+    assert_send::<Runtime<Vec<f32>>>();
+}

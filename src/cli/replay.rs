@@ -1,0 +1,269 @@
+//! `remat replay`: replay a DTR-paper trace through remat-dtr under a budget, or
+//! sweep traces × ratios × policies × budget modes.
+//!
+//! ```text
+//! remat replay lstm --ratio 0.4 --policy remat --budget-mode physical --json
+//! remat replay --sweep --traces resnet32,lstm --ratios 0.5,0.4,0.3 --out target/dtr-sweep
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use remat_dtr::replay::sweep::{
+    fragmentation_table, overhead_chart, overhead_table, run_sweep, timeline_chart, SweepSpec,
+};
+use remat_dtr::replay::{replay, ReplayOptions, ReplayReport};
+use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
+use remat_trace::{find_trace, trace_files, Trace};
+
+/// Arguments of `remat replay`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// Trace name (`resnet32`, `lstm`, …) or path to a `.log` file.
+    #[arg(required_unless_present = "sweep")]
+    pub trace: Option<String>,
+    /// Budget as a fraction of the trace's unbounded peak.
+    #[arg(long, default_value_t = 0.5)]
+    pub ratio: f64,
+    /// Budget in bytes (overrides --ratio).
+    #[arg(long)]
+    pub budget: Option<u64>,
+    /// Eviction policy: remat, dtr, dtr-eq, dtr-local, msps, lru, largest, megengine, coop.
+    #[arg(long, default_value = "remat")]
+    pub policy: String,
+    /// physical (a caching allocator of the budget's size) or logical (sum of live bytes).
+    #[arg(long, default_value = "physical")]
+    pub budget_mode: String,
+    /// Extra runtime settings in REMAT_DTR_CONF syntax (e.g. `sampling:off,seed:7`);
+    /// defaults come from REMAT_DTR_CONF when set.
+    #[arg(long)]
+    pub conf: Option<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG memory timeline of this run to the given file.
+    #[arg(long)]
+    pub timeline: Option<PathBuf>,
+    /// Sweep traces × ratios × policies × modes instead of one run.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Sweep: comma-separated trace names (default: every trace found).
+    #[arg(long, value_delimiter = ',')]
+    pub traces: Vec<String>,
+    /// Sweep: comma-separated ratios.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2])]
+    pub ratios: Vec<f64>,
+    /// Sweep: comma-separated policies (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Sweep: comma-separated budget modes (default: physical,logical).
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<String>,
+    /// Sweep: worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Sweep: output directory for the table (`sweep.md`), JSON lines (`sweep.jsonl`),
+    /// charts (`<trace>-<mode>.svg`) and one timeline (`timeline.svg`).
+    #[arg(long, default_value = "target/dtr-sweep")]
+    pub out: PathBuf,
+}
+
+fn load(name: &str) -> Result<Trace, Box<dyn std::error::Error>> {
+    let path = find_trace(name).ok_or_else(|| {
+        format!("trace {name:?} not found (set REMAT_TRACES_DIR to the DTR-paper traces)")
+    })?;
+    Ok(Trace::load(&path)?)
+}
+
+fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error>> {
+    Ok(match &args.conf {
+        Some(c) => DtrConfig::parse(c)?,
+        None => DtrConfig::from_env()?,
+    })
+}
+
+/// The `--json` object of one run.
+pub fn report_json(r: &ReplayReport) -> serde_json::Value {
+    serde_json::json!({
+        "trace": r.trace,
+        "policy": r.policy,
+        "ratio": r.ratio,
+        "budget_mode": r.budget_mode.name(),
+        "budget_bytes": r.budget_bytes,
+        "status": r.status.name(),
+        "overhead": r.overhead,
+        "baseline_compute_ns": r.baseline_compute_ns,
+        "total_compute_ns": r.total_compute_ns,
+        "peak_live_bytes": r.peak_live_bytes,
+        "peak_reserved_bytes": r.peak_reserved_bytes,
+        "evictions": r.evictions,
+        "rematerializations": r.rematerializations,
+        "decisions": r.decisions,
+        "decision_ns_median": r.decision_ns_median,
+        "reserved_over_budget": r.reserved_over_budget,
+        "mean_free_at_eviction": r.mean_free_at_eviction,
+        "wall_ms": r.wall_ms,
+        "error": r.error,
+    })
+}
+
+/// Run `remat replay`.
+pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.sweep {
+        return run_sweep_cmd(&args);
+    }
+    let name = args.trace.clone().ok_or("a trace name is required")?;
+    let trace = load(&name)?;
+    let base = remat_trace::baseline(&trace)?;
+    let policy: PolicyKind = args.policy.parse()?;
+    let mode: BudgetMode = args.budget_mode.parse()?;
+    let budget = args
+        .budget
+        .unwrap_or_else(|| (base.peak_bytes as f64 * args.ratio).floor() as u64);
+    let opts = ReplayOptions {
+        config: base_config(&args)?
+            .with_budget(budget)
+            .with_budget_mode(mode)
+            .with_policy(policy),
+        thrash_limit: 2.0,
+        timeline_every: args
+            .timeline
+            .as_ref()
+            .map(|_| (trace.instructions.len() / 2000).max(1)),
+    };
+    let mut r = replay(&trace, &opts, base.compute_ns)?;
+    if args.budget.is_none() {
+        r.ratio = Some(args.ratio);
+    }
+    if let Some(path) = &args.timeline {
+        std::fs::write(path, timeline_chart(&r))?;
+    }
+    if args.json {
+        println!("{}", report_json(&r));
+    } else {
+        println!(
+            "{} · {} · {} budget {} B ({}): {} — overhead {:.4}, {} evictions, {} rematerializations, \
+             peak live {} B, peak reserved {} B ({:.3} of budget), decision median {} ns",
+            r.trace,
+            r.policy,
+            r.budget_mode.name(),
+            budget,
+            r.ratio.map_or("bytes".to_string(), |x| format!("ratio {x}")),
+            r.status.name(),
+            r.overhead,
+            r.evictions,
+            r.rematerializations,
+            r.peak_live_bytes,
+            r.peak_reserved_bytes,
+            r.reserved_over_budget,
+            r.decision_ns_median
+        );
+        if let Some(e) = &r.error {
+            println!("  {e}");
+        }
+    }
+    Ok(())
+}
+
+fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let names: Vec<String> = if args.traces.is_empty() {
+        trace_files().iter().map(|p| Trace::name_of(p)).collect()
+    } else {
+        args.traces.clone()
+    };
+    if names.is_empty() {
+        return Err("no traces found (set REMAT_TRACES_DIR)".into());
+    }
+    let traces = names
+        .iter()
+        .map(|n| load(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = SweepSpec {
+        ratios: args.ratios.clone(),
+        policies: if args.policies.is_empty() {
+            PolicyKind::ALL.to_vec()
+        } else {
+            args.policies
+                .iter()
+                .map(|p| p.parse())
+                .collect::<Result<_, _>>()?
+        },
+        modes: if args.modes.is_empty() {
+            vec![BudgetMode::Physical, BudgetMode::Logical]
+        } else {
+            args.modes
+                .iter()
+                .map(|m| m.parse())
+                .collect::<Result<_, _>>()?
+        },
+        base: base_config(args)?,
+        threads: args.threads,
+    };
+    let started = std::time::Instant::now();
+    let reports = run_sweep(&traces, &spec, |done, total, r| {
+        let width = 30;
+        let filled = done * width / total.max(1);
+        let mut err = std::io::stderr();
+        let _ = write!(
+            err,
+            "\r[{}{}] {done}/{total} {:.0}s  {} {} {} {:<5} {:<8}",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            started.elapsed().as_secs_f64(),
+            r.trace,
+            r.budget_mode.name(),
+            r.policy,
+            r.ratio.unwrap_or(0.0),
+            r.status.name()
+        );
+        let _ = err.flush();
+    })?;
+    eprintln!();
+    std::fs::create_dir_all(&args.out)?;
+    let table = overhead_table(&reports);
+    let frag = fragmentation_table(&reports);
+    println!("{table}");
+    std::fs::write(
+        args.out.join("sweep.md"),
+        format!("## Overhead\n\n{table}\n## Fragmentation (physical)\n\n{frag}"),
+    )?;
+    let mut jsonl = String::new();
+    for r in &reports {
+        jsonl += &report_json(r).to_string();
+        jsonl.push('\n');
+    }
+    std::fs::write(args.out.join("sweep.jsonl"), jsonl)?;
+    for t in &traces {
+        for m in &spec.modes {
+            let svg = overhead_chart(&reports, &t.name, *m);
+            std::fs::write(args.out.join(format!("{}-{}.svg", t.name, m.name())), svg)?;
+        }
+    }
+    // One memory timeline: the first trace, remat's default, ratio 0.4 if swept.
+    let t = &traces[0];
+    let b = remat_trace::baseline(t)?;
+    let ratio = if spec.ratios.contains(&0.4) {
+        0.4
+    } else {
+        spec.ratios[0]
+    };
+    let opts = ReplayOptions {
+        config: spec
+            .base
+            .clone()
+            .with_budget((b.peak_bytes as f64 * ratio).floor() as u64)
+            .with_budget_mode(spec.modes[0])
+            .with_policy(spec.policies[0]),
+        thrash_limit: 2.0,
+        timeline_every: Some((t.instructions.len() / 2000).max(1)),
+    };
+    let mut r = replay(t, &opts, b.compute_ns)?;
+    r.ratio = Some(ratio);
+    std::fs::write(args.out.join("timeline.svg"), timeline_chart(&r))?;
+    eprintln!(
+        "wrote {}/sweep.md, sweep.jsonl, <trace>-<mode>.svg, timeline.svg in {:.1}s",
+        args.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
