@@ -1,0 +1,471 @@
+//! [`Remat`]: the context that owns one DTR runtime and hands out [`RTensor`]s, and
+//! [`RematConfig`]: its budget (bytes or a fraction), policy and cost model.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use candle_core::{Tensor, Var};
+use remat_dtr::{
+    make_policy, BudgetMode, DtrConfig, MemoryUsage, PhysicalBudget, Runtime, RuntimeStats,
+    TensorId,
+};
+
+use crate::cell::{tensor_bytes, Cell};
+use crate::error::{Error, Result};
+use crate::tensor::RTensor;
+
+/// How an op's recompute cost (the `cost` in the eviction score) is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CostModel {
+    /// Wall-clock time of the op's first computation (what DTR measures). Eviction
+    /// decisions then vary slightly from run to run; results never do.
+    #[default]
+    Measured,
+    /// Bytes of the op's output (deterministic decisions: tests, benchmarks).
+    OutputBytes,
+}
+
+/// The budget of a context.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Budget {
+    /// No budget: nothing is ever evicted (plain candle memory behaviour).
+    #[default]
+    Unbounded,
+    /// A budget in bytes.
+    Bytes(u64),
+    /// A fraction of a reference size in bytes (for example a measured peak).
+    Fraction {
+        /// The fraction, in `(0, 1]` or more.
+        fraction: f64,
+        /// The reference in bytes.
+        of: u64,
+    },
+}
+
+impl Budget {
+    /// The budget in bytes (`None`: unbounded).
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            Budget::Unbounded => None,
+            Budget::Bytes(b) => Some(b),
+            Budget::Fraction { fraction, of } => Some((fraction * of as f64).round() as u64),
+        }
+    }
+}
+
+/// Settings of a [`Remat`] context: plain data with builder methods.
+///
+/// The DTR settings (`policy`, `budget_mode`, `sampling`, …) are remat-dtr's
+/// [`DtrConfig`]; [`RematConfig::from_env`] reads them from `REMAT_DTR_CONF` and also
+/// accepts `budget:40%` there, a fraction of the reference given in code
+/// ([`RematConfig::with_reference_bytes`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RematConfig {
+    /// DTR runtime settings; its `budget` is overridden by [`RematConfig::budget`]
+    /// unless that is [`Budget::Unbounded`].
+    pub dtr: DtrConfig,
+    /// The budget.
+    pub budget: Budget,
+    /// How op costs are obtained.
+    pub cost: CostModel,
+    /// Settings of the placement model's caching allocator (physical budgets):
+    /// `None` is remat-alloc's default (PyTorch's: 2 MiB small segments, 20 MiB
+    /// segments for 1–10 MiB requests).
+    pub allocator: Option<remat_alloc::AllocatorConfig>,
+    /// Seed of the dropout seeds: the `i`-th [`RTensor::dropout`] call of a context
+    /// (from 0) uses `dropout_seed + i · 0x9e3779b97f4a7c15` (wrapping), recorded in
+    /// its op so that a replay draws the same mask.
+    pub dropout_seed: u64,
+}
+
+impl RematConfig {
+    /// Default settings: no budget, remat's default policy, measured costs.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A budget in bytes.
+    pub fn with_budget_bytes(mut self, bytes: u64) -> Self {
+        self.budget = Budget::Bytes(bytes);
+        self
+    }
+
+    /// A budget as a fraction of `of` bytes.
+    pub fn with_budget_fraction(mut self, fraction: f64, of: u64) -> Self {
+        self.budget = Budget::Fraction { fraction, of };
+        self
+    }
+
+    /// Replace the DTR settings.
+    pub fn with_dtr(mut self, dtr: DtrConfig) -> Self {
+        self.dtr = dtr;
+        self
+    }
+
+    /// Set the cost model.
+    pub fn with_cost_model(mut self, cost: CostModel) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Set the placement model's allocator settings.
+    pub fn with_allocator(mut self, config: remat_alloc::AllocatorConfig) -> Self {
+        self.allocator = Some(config);
+        self
+    }
+
+    /// Set the dropout seed.
+    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
+        self.dropout_seed = seed;
+        self
+    }
+
+    /// Resolve a fraction budget parsed from the environment against `reference`
+    /// bytes (see [`RematConfig::parse`]).
+    pub fn with_reference_bytes(mut self, reference: u64) -> Self {
+        if let Budget::Fraction { fraction, .. } = self.budget {
+            self.budget = Budget::Fraction {
+                fraction,
+                of: reference,
+            };
+        }
+        self
+    }
+
+    /// Parse `REMAT_DTR_CONF` syntax. `budget:NN%` (or a bare fraction such as
+    /// `budget:0.4`) is a fraction of a reference set later with
+    /// [`RematConfig::with_reference_bytes`]; every other key is remat-dtr's.
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut fraction = None;
+        let mut rest = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if let Some(v) = item.strip_prefix("budget:").map(str::trim) {
+                if let Some(p) = v.strip_suffix('%') {
+                    fraction = Some(parse_fraction(v, p.trim(), 100.0)?);
+                    continue;
+                }
+                if v.contains('.') && v.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                    fraction = Some(parse_fraction(v, v, 1.0)?);
+                    continue;
+                }
+            }
+            rest.push(item);
+        }
+        let dtr = DtrConfig::parse(&rest.join(",")).map_err(remat_dtr::Error::from)?;
+        let budget = match (fraction, dtr.budget) {
+            (Some(f), _) => Budget::Fraction { fraction: f, of: 0 },
+            (None, Some(b)) => Budget::Bytes(b),
+            (None, None) => Budget::Unbounded,
+        };
+        Ok(Self {
+            dtr,
+            budget,
+            ..Self::default()
+        })
+    }
+
+    /// Read `REMAT_DTR_CONF` (unset: the defaults).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(remat_dtr::config::ENV_VAR) {
+            Ok(v) => Self::parse(&v),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+}
+
+fn parse_fraction(whole: &str, num: &str, div: f64) -> Result<f64> {
+    match num.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x / div),
+        _ => Err(Error::Dtr(remat_dtr::Error::Config(
+            remat_dtr::ConfigError::BadValue {
+                key: "budget".into(),
+                value: whole.into(),
+                expected: "bytes, a percentage such as 40%, or a fraction such as 0.4".into(),
+            },
+        ))),
+    }
+}
+
+/// Shared state of a context.
+pub(crate) struct Inner {
+    rt: Mutex<Runtime<Cell>>,
+    /// Handles dropped (`false`) or pins dropped (`true`) while the runtime was
+    /// busy; applied at the next op.
+    pending: Mutex<Vec<(TensorId, bool)>>,
+    pub(crate) cost: CostModel,
+    /// The typed error of a failed backward step (candle only carries text).
+    bwd_error: Mutex<Option<Error>>,
+    dropout_seed: AtomicU64,
+    budget: Option<u64>,
+}
+
+impl Inner {
+    /// Lock the runtime after releasing pending handles.
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Runtime<Cell>>> {
+        let mut rt = self.rt.lock().map_err(|_| Error::Poisoned)?;
+        self.drain(&mut rt)?;
+        Ok(rt)
+    }
+
+    fn drain(&self, rt: &mut Runtime<Cell>) -> Result<()> {
+        loop {
+            let ids = {
+                let mut p = self.pending.lock().map_err(|_| Error::Poisoned)?;
+                if p.is_empty() {
+                    return Ok(());
+                }
+                std::mem::take(&mut *p)
+            };
+            for (id, unpin) in ids {
+                if unpin {
+                    rt.unpin(id)?;
+                } else {
+                    rt.release(id)?;
+                }
+            }
+        }
+    }
+
+    /// Release a handle now if the runtime is free, else at the next op. Never
+    /// blocks on the runtime (drops can happen while it is locked on this thread).
+    pub(crate) fn release_later(&self, id: TensorId) {
+        self.later(id, false);
+    }
+
+    /// Undo a pin now if the runtime is free, else at the next op.
+    pub(crate) fn unpin_later(&self, id: TensorId) {
+        self.later(id, true);
+    }
+
+    fn later(&self, id: TensorId, unpin: bool) {
+        match self.rt.try_lock() {
+            Ok(mut rt) => {
+                // An error means an unknown handle or a pin mismatch: a bug that
+                // check_invariants would report; nothing to undo here.
+                let _ = if unpin { rt.unpin(id) } else { rt.release(id) };
+                let _ = self.drain(&mut rt);
+            }
+            Err(TryLockError::WouldBlock) | Err(TryLockError::Poisoned(_)) => {
+                if let Ok(mut p) = self.pending.lock() {
+                    p.push((id, unpin));
+                }
+            }
+        }
+    }
+
+    /// Keep `e` for [`Inner::take_bwd_error`] and return candle's text form of it.
+    pub(crate) fn stash_bwd_error(&self, e: Error) -> candle_core::Error {
+        let text = candle_core::Error::Msg(e.to_string());
+        if let Ok(mut slot) = self.bwd_error.lock() {
+            *slot = Some(e);
+        }
+        text
+    }
+
+    /// The typed error of the last failed backward step, if any.
+    pub(crate) fn take_bwd_error(&self) -> Option<Error> {
+        self.bwd_error.lock().ok().and_then(|mut s| s.take())
+    }
+
+    pub(crate) fn next_dropout_seed(&self) -> u64 {
+        self.dropout_seed
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+    }
+
+    pub(crate) fn cost_of(&self, elapsed: Duration, out_bytes: u64) -> u64 {
+        match self.cost {
+            CostModel::Measured => elapsed.as_nanos().min(u64::MAX as u128) as u64 + 1,
+            CostModel::OutputBytes => out_bytes.max(1),
+        }
+    }
+}
+
+/// A rematerialization context: one DTR runtime under a budget. Cheap to clone
+/// (shared); every [`RTensor`] holds its context.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use remat_candle::{Remat, RematConfig};
+/// # fn main() -> remat_candle::Result<()> {
+/// let remat = Remat::new(RematConfig::new().with_budget_bytes(64 << 20))?;
+/// let t = Tensor::ones((4, 4), candle_core::DType::F32, &Device::Cpu)?;
+/// let x = remat.input(&t)?;
+/// let y = x.exp()?.sum_all()?;
+/// // The same value as plain candle, bit for bit.
+/// assert_eq!(y.to_scalar::<f32>()?, t.exp()?.sum_all()?.to_scalar::<f32>()?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Remat {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Remat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remat")
+            .field("budget", &self.inner.budget)
+            .field("cost", &self.inner.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Remat {
+    /// A context for `config`.
+    pub fn new(config: RematConfig) -> Result<Self> {
+        let mut dtr = config.dtr.clone();
+        if let Some(b) = config.budget.bytes() {
+            dtr.budget = Some(b);
+        }
+        if let Budget::Fraction { of: 0, .. } = config.budget {
+            return Err(Error::Unsupported {
+                op: "Remat::new",
+                message: "a fractional budget needs a reference size \
+                          (RematConfig::with_reference_bytes)"
+                    .into(),
+            });
+        }
+        let budget = dtr.budget;
+        let rt = match (&config.allocator, dtr.budget_mode, budget) {
+            (Some(alloc), BudgetMode::Physical, Some(b)) => {
+                let memory = PhysicalBudget::with_config(b, alloc.clone())?;
+                let policy = make_policy(dtr.policy, &dtr);
+                Runtime::with_parts(dtr, Box::new(memory), policy)
+            }
+            _ => Runtime::new(dtr)?,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                rt: Mutex::new(rt),
+                pending: Mutex::new(Vec::new()),
+                cost: config.cost,
+                bwd_error: Mutex::new(None),
+                dropout_seed: AtomicU64::new(config.dropout_seed),
+                budget,
+            }),
+        })
+    }
+
+    /// A context without a budget.
+    pub fn unbounded() -> Result<Self> {
+        Self::new(RematConfig::default())
+    }
+
+    /// A context configured from `REMAT_DTR_CONF`.
+    pub fn from_env() -> Result<Self> {
+        Self::new(RematConfig::from_env()?)
+    }
+
+    /// The budget in bytes (`None`: unbounded).
+    pub fn budget(&self) -> Option<u64> {
+        self.inner.budget
+    }
+
+    /// Bring external data in (a batch, a target): counted in the budget, never
+    /// evicted. The tensor is shared, not copied.
+    pub fn input(&self, t: &Tensor) -> Result<RTensor> {
+        let base = t.contiguous()?;
+        let mut rt = self.inner.lock()?;
+        let id = rt.put(Cell::external(base.detach()), tensor_bytes(&base))?;
+        drop(rt);
+        Ok(RTensor::from_parts(base, id, self.inner.clone()))
+    }
+
+    /// A trainable parameter: the variable's tensor, shared (optimizer updates are
+    /// seen), counted in the budget, never evicted. Gradients land in candle's
+    /// `GradStore` under the variable, so candle-nn optimizers work unchanged.
+    pub fn param(&self, v: &Var) -> Result<RTensor> {
+        let t = v.as_tensor().clone();
+        let mut rt = self.inner.lock()?;
+        let id = rt.put(Cell::external(t.detach()), tensor_bytes(&t))?;
+        drop(rt);
+        Ok(RTensor::from_parts(t, id, self.inner.clone()))
+    }
+
+    /// Release handles dropped while the runtime was busy.
+    pub fn flush(&self) -> Result<()> {
+        drop(self.inner.lock()?);
+        Ok(())
+    }
+
+    /// The runtime's counters.
+    pub fn stats(&self) -> Result<RuntimeStats> {
+        Ok(self.inner.lock()?.stats().clone())
+    }
+
+    /// The memory model's figures (budget, allocated, reserved, peaks).
+    pub fn memory_usage(&self) -> Result<MemoryUsage> {
+        Ok(self.inner.lock()?.memory_usage())
+    }
+
+    /// Storage records the runtime holds (resident, evicted, kept for replay).
+    pub fn storage_count(&self) -> Result<usize> {
+        Ok(self.inner.lock()?.storage_count())
+    }
+
+    /// Walk the runtime's records and check its invariants.
+    pub fn check_invariants(&self) -> Result<()> {
+        Ok(self.inner.lock()?.check_invariants()?)
+    }
+
+    /// Run `f` with the runtime locked (advanced: policies, decision times).
+    pub fn with_runtime<R>(&self, f: impl FnOnce(&mut Runtime<Cell>) -> R) -> Result<R> {
+        let mut rt = self.inner.lock()?;
+        Ok(f(&mut rt))
+    }
+
+    /// A human-readable report in the spirit of `torch.cuda.memory_summary()`.
+    pub fn memory_summary(&self) -> Result<String> {
+        let rt = self.inner.lock()?;
+        let u = rt.memory_usage();
+        let s = rt.stats();
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let mut out = String::new();
+        let line = "|---------------------------------------------------------------|\n";
+        out.push_str(line);
+        out.push_str("|            remat-candle memory summary                        |\n");
+        out.push_str(line);
+        let budget = match u.capacity {
+            Some(c) => format!("{:.2} MiB", mib(c)),
+            None => "unbounded".to_string(),
+        };
+        let rows: Vec<(&str, String)> = vec![
+            (
+                "model / policy",
+                format!("{} / {}", rt.memory().name(), rt.policy_name()),
+            ),
+            ("budget", budget),
+            (
+                "allocated (cur / peak)",
+                format!("{:.2} / {:.2} MiB", mib(u.allocated), mib(u.peak_allocated)),
+            ),
+            (
+                "reserved  (cur / peak)",
+                format!("{:.2} / {:.2} MiB", mib(u.reserved), mib(u.peak_reserved)),
+            ),
+            (
+                "live tensors (cur / peak)",
+                format!(
+                    "{:.2} / {:.2} MiB",
+                    mib(s.live_bytes),
+                    mib(s.peak_live_bytes)
+                ),
+            ),
+            ("storage records", rt.storage_count().to_string()),
+            ("eviction candidates", rt.candidate_count().to_string()),
+            ("evictions", s.evictions.to_string()),
+            ("fake deletes", s.fake_deletes.to_string()),
+            ("rematerializations", s.rematerializations.to_string()),
+            ("OOM retries", s.oom_retries.to_string()),
+            (
+                "compute / remat cost",
+                format!("{:.3} / {:.3} ms", s.compute_ns / 1e6, s.remat_ns / 1e6),
+            ),
+        ];
+        for (k, v) in rows {
+            out.push_str(&format!("| {k:<27} | {v:>31} |\n"));
+        }
+        out.push_str(line);
+        Ok(out)
+    }
+}

@@ -1,0 +1,457 @@
+//! The evict/restore mechanism and the autograd hook.
+//!
+//! One adapter op, [`apply`]:
+//!
+//! ```text
+//!  1. pin the inputs in the runtime (regenerating evicted ones)
+//!  2. run the real candle op on *detached* inputs              ──► out (fresh storage)
+//!  3. move out's storage into a stash                          (cell::take_storage)
+//!  4. inputs.apply_opN(Attach { stash, node })                 ──► attached output:
+//!     its forward returns the stash, so candle records an ordinary graph node
+//!  5. runtime.record(Recompute { fwd, detached inputs, target }, inputs, fresh(bytes))
+//!  6. unpin the inputs
+//! ```
+//!
+//! Eviction is the runtime dropping the output's [`Cell`]: the storage is moved out
+//! and freed; every view and graph node sharing the cell sees an empty storage.
+//! Rematerialization is [`Recompute::compute`]: run the same candle op again on the
+//! (rematerialized) inputs and move the result back into the cell. candle's
+//! `backward()` calls [`Attach`]'s `bwd`, which pins the inputs (and the output when
+//! the gradient formula reads it) before computing the vector-Jacobian product with
+//! the same candle ops candle's own backward uses, so gradients are bit-identical.
+//! Dropping the graph node releases the handles it retained.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, MetalStorage, Shape, Storage,
+    Tensor,
+};
+use remat_dtr::{OpError, OpHandle, OutputSpec, Runtime, TensorId};
+
+use crate::cell::{put_storage, storage_addr, take_storage, tensor_bytes, Cell};
+use crate::context::Inner;
+use crate::error::{Error, Result};
+use crate::tensor::RTensor;
+
+/// The forward computation of an op on detached inputs; must be deterministic.
+pub(crate) type FwdFn = dyn Fn(&[Tensor]) -> candle_core::Result<Tensor> + Send + Sync;
+
+/// The vector-Jacobian product: `(inputs, output if needed, grad) -> grads`, one
+/// entry per input (`None`: no gradient).
+pub(crate) type VjpFn = dyn Fn(&[Tensor], Option<&Tensor>, &Tensor) -> candle_core::Result<Vec<Option<Tensor>>>
+    + Send
+    + Sync;
+
+/// Run `fwd` and make sure the result owns a fresh, contiguous storage that no
+/// input shares (a view of an input would otherwise be moved out of the input).
+pub(crate) fn run_fwd(fwd: &FwdFn, inputs: &[Tensor]) -> candle_core::Result<Tensor> {
+    let out = fwd(inputs)?;
+    let addr = storage_addr(&out);
+    let fresh = out.is_contiguous()
+        && out.layout().start_offset() == 0
+        && !inputs.iter().any(|i| storage_addr(i) == addr);
+    if fresh {
+        Ok(out)
+    } else {
+        out.force_contiguous()
+    }
+}
+
+/// The compute path the runtime replays: the same candle op on the same inputs,
+/// its result moved into the original storage cell.
+struct Recompute {
+    name: &'static str,
+    fwd: Arc<FwdFn>,
+    /// Detached inputs: same storage cells and layouts as the op's inputs.
+    inputs: Vec<Tensor>,
+    /// Detached output: the storage cell shared with the attached output.
+    target: Tensor,
+}
+
+impl OpHandle<Cell> for Recompute {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn compute(&self, _inputs: &[&Cell]) -> std::result::Result<Vec<Cell>, OpError> {
+        let err = |e: candle_core::Error| OpError::new(self.name, e.to_string());
+        let out = run_fwd(&*self.fwd, &self.inputs).map_err(err)?;
+        if out.shape() != self.target.shape() || out.dtype() != self.target.dtype() {
+            return Err(OpError::new(
+                self.name,
+                format!(
+                    "recomputed {:?} {:?}, expected {:?} {:?}",
+                    out.shape(),
+                    out.dtype(),
+                    self.target.shape(),
+                    self.target.dtype()
+                ),
+            ));
+        }
+        let storage = take_storage(&out).map_err(err)?;
+        drop(out);
+        put_storage(&self.target, storage).map_err(err)?;
+        Ok(vec![Cell::armed(self.target.clone())])
+    }
+}
+
+/// What a graph node keeps for its backward: retained runtime handles.
+pub(crate) struct NodeState {
+    ctx: Arc<Inner>,
+    name: &'static str,
+    /// Retained handles on the inputs (empty when the node tracks no gradient).
+    inputs: Vec<TensorId>,
+    /// Retained handle on the output, when the vjp reads it.
+    output: OnceLock<TensorId>,
+    needs_output: bool,
+    vjp: Arc<VjpFn>,
+}
+
+impl Drop for NodeState {
+    fn drop(&mut self) {
+        for &id in &self.inputs {
+            self.ctx.release_later(id);
+        }
+        if let Some(&id) = self.output.get() {
+            self.ctx.release_later(id);
+        }
+    }
+}
+
+impl NodeState {
+    fn pin_all(&self, rt: &mut Runtime<Cell>) -> Result<Vec<TensorId>> {
+        let mut pinned = Vec::with_capacity(self.inputs.len() + 1);
+        let ids = self.inputs.iter().chain(self.output.get());
+        for &id in ids {
+            if let Err(e) = rt.pin(id) {
+                for &p in &pinned {
+                    let _ = rt.unpin(p);
+                }
+                return Err(e.into());
+            }
+            pinned.push(id);
+        }
+        Ok(pinned)
+    }
+
+    fn backward(
+        &self,
+        args: &[&Tensor],
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Vec<Option<Tensor>>> {
+        let pinned = {
+            let mut rt = self.ctx.lock().map_err(|e| self.ctx.stash_bwd_error(e))?;
+            self.pin_all(&mut rt)
+                .map_err(|e| self.ctx.stash_bwd_error(e))?
+        };
+        let det: Vec<Tensor> = args.iter().map(|a| a.detach()).collect();
+        let out = self.needs_output.then(|| res.detach());
+        let result = (self.vjp)(&det, out.as_ref(), grad);
+        drop((det, out));
+        let mut rt = self.ctx.lock().map_err(|e| self.ctx.stash_bwd_error(e))?;
+        for id in pinned {
+            rt.unpin(id)
+                .map_err(|e| self.ctx.stash_bwd_error(e.into()))?;
+        }
+        let grads = result?;
+        if grads.len() != args.len() {
+            return Err(candle_core::Error::Msg(format!(
+                "remat: vjp of `{}` returned {} gradients for {} inputs",
+                self.name,
+                grads.len(),
+                args.len()
+            )));
+        }
+        Ok(grads)
+    }
+}
+
+/// The custom op that attaches a computed storage to candle's graph.
+pub(crate) struct Attach {
+    stash: Mutex<Option<(Storage, Shape)>>,
+    node: Arc<NodeState>,
+}
+
+impl Attach {
+    fn take(&self) -> candle_core::Result<(Storage, Shape)> {
+        self.stash
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("remat: stash poisoned".into()))?
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg("remat: attach forward ran twice".into()))
+    }
+    fn cpu(&self) -> candle_core::Result<(CpuStorage, Shape)> {
+        match self.take()? {
+            (Storage::Cpu(s), shape) => Ok((s, shape)),
+            _ => Err(candle_core::Error::Msg("remat: device mismatch".into())),
+        }
+    }
+    fn cuda(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+        match self.take()? {
+            (Storage::Cuda(s), shape) => Ok((s, shape)),
+            _ => Err(candle_core::Error::Msg("remat: device mismatch".into())),
+        }
+    }
+    fn grad(&self, i: usize, g: &mut [Option<Tensor>]) -> Option<Tensor> {
+        g.get_mut(i).and_then(Option::take)
+    }
+}
+
+fn no_metal<T>() -> candle_core::Result<T> {
+    Err(candle_core::Error::Msg(
+        "remat-candle does not support metal".into(),
+    ))
+}
+
+impl CustomOp1 for Attach {
+    fn name(&self) -> &'static str {
+        self.node.name
+    }
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.cpu()
+    }
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.cuda()
+    }
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        no_metal()
+    }
+    fn bwd(&self, a: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let mut g = self.node.backward(&[a], res, grad)?;
+        Ok(self.grad(0, &mut g))
+    }
+}
+
+impl CustomOp2 for Attach {
+    fn name(&self) -> &'static str {
+        self.node.name
+    }
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.cpu()
+    }
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.cuda()
+    }
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        no_metal()
+    }
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.node.backward(&[a, b], res, grad)?;
+        Ok((self.grad(0, &mut g), self.grad(1, &mut g)))
+    }
+}
+
+impl CustomOp3 for Attach {
+    fn name(&self) -> &'static str {
+        self.node.name
+    }
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.cpu()
+    }
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.cuda()
+    }
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        no_metal()
+    }
+    #[allow(clippy::type_complexity)]
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.node.backward(&[a, b, c], res, grad)?;
+        Ok((
+            self.grad(0, &mut g),
+            self.grad(1, &mut g),
+            self.grad(2, &mut g),
+        ))
+    }
+}
+
+/// Attach `storage` (of `shape`) as the output of a graph node over `args`.
+fn attach(
+    args: &[&Tensor],
+    storage: Storage,
+    shape: Shape,
+    node: Arc<NodeState>,
+) -> Result<Tensor> {
+    let op = Attach {
+        stash: Mutex::new(Some((storage, shape))),
+        node,
+    };
+    let t = match args {
+        [a] => a.apply_op1_arc(Arc::new(Box::new(op)))?,
+        [a, b] => a.apply_op2_arc(b, Arc::new(Box::new(op)))?,
+        [a, b, c] => a.apply_op3_arc(b, c, Arc::new(Box::new(op)))?,
+        _ => {
+            return Err(Error::Unsupported {
+                op: "attach",
+                message: format!("{} inputs (1 to 3 supported)", args.len()),
+            })
+        }
+    };
+    Ok(t)
+}
+
+/// Run an op through the runtime (see the module doc). `inputs`: 1 to 3 tensors
+/// of one context; `needs_output`: the vjp reads the op's output.
+pub(crate) fn apply(
+    name: &'static str,
+    inputs: &[&RTensor],
+    fwd: Arc<FwdFn>,
+    vjp: Arc<VjpFn>,
+    needs_output: bool,
+) -> Result<RTensor> {
+    let ctx = inputs
+        .first()
+        .map(|t| t.ctx().clone())
+        .ok_or(Error::Unsupported {
+            op: name,
+            message: "no inputs".into(),
+        })?;
+    if inputs.iter().any(|t| !Arc::ptr_eq(t.ctx(), &ctx)) {
+        return Err(Error::ContextMismatch { op: name });
+    }
+    let ids: Vec<TensorId> = inputs.iter().map(|t| t.id()).collect();
+    let mut rt = ctx.lock()?;
+    let mut pinned = Vec::with_capacity(ids.len());
+    let result = (|| -> Result<RTensor> {
+        for &id in &ids {
+            rt.pin(id)?;
+            pinned.push(id);
+        }
+        let det: Vec<Tensor> = inputs.iter().map(|t| t.attached().detach()).collect();
+        let start = Instant::now();
+        let out = run_fwd(&*fwd, &det)?;
+        let elapsed = start.elapsed();
+        let bytes = tensor_bytes(&out);
+        let cost = ctx.cost_of(elapsed, bytes);
+        let shape = out.shape().clone();
+        let storage = take_storage(&out)?;
+        drop(out);
+        let tracks = inputs.iter().any(|t| t.attached().track_op());
+        let mut retained = Vec::new();
+        if tracks {
+            for &id in &ids {
+                rt.retain(id)?;
+                retained.push(id);
+            }
+        }
+        let node = Arc::new(NodeState {
+            ctx: ctx.clone(),
+            name,
+            inputs: retained,
+            output: OnceLock::new(),
+            needs_output,
+            vjp,
+        });
+        let args: Vec<&Tensor> = inputs.iter().map(|t| t.attached()).collect();
+        let attached = attach(&args, storage, shape, node.clone())?;
+        let handle = Arc::new(Recompute {
+            name,
+            fwd,
+            inputs: det,
+            target: attached.detach(),
+        });
+        let out_id = rt.record(
+            handle,
+            &ids,
+            &[OutputSpec::fresh(bytes)],
+            vec![Cell::armed(attached.detach())],
+            cost,
+        )?[0];
+        if tracks && needs_output {
+            rt.retain(out_id)?;
+            // Cannot already be set: the node was created above.
+            let _ = node.output.set(out_id);
+        }
+        Ok(RTensor::from_parts(attached, out_id, ctx.clone()))
+    })();
+    for id in pinned {
+        // The pins were taken above on live handles.
+        let _ = rt.unpin(id);
+    }
+    result
+}
+
+/// A copy of `t`'s data attached to the graph (gradients flow back into `t`),
+/// outside the runtime: the escape hatch to plain candle.
+pub(crate) fn escape(t: &RTensor) -> Result<Tensor> {
+    let ctx = t.ctx().clone();
+    let mut rt = ctx.lock()?;
+    rt.pin(t.id())?;
+    let copy = t.attached().detach().force_contiguous();
+    let _ = rt.unpin(t.id());
+    drop(rt);
+    let copy = copy?;
+    let shape = copy.shape().clone();
+    let storage = take_storage(&copy)?;
+    let node = Arc::new(NodeState {
+        ctx,
+        name: "remat-escape",
+        inputs: Vec::new(),
+        output: OnceLock::new(),
+        needs_output: false,
+        vjp: Arc::new(|_, _, g| Ok(vec![Some(g.clone())])),
+    });
+    attach(&[t.attached()], storage, shape, node)
+}

@@ -1,0 +1,78 @@
+//! # remat-candle — Candle models train under a memory budget, bit-identically
+//!
+//! Dynamic Tensor Rematerialization (remat-dtr) under [Candle](candle_core): an
+//! [`RTensor`] mirrors candle's `Tensor` surface; every op runs the real candle op,
+//! registers its output with the DTR runtime together with a recompute closure, and
+//! attaches it to candle's own autograd graph through a custom op. When the budget
+//! is exceeded the runtime evicts storages (their memory is freed); reading one
+//! again — in a later op or in `backward()` — replays its op, bit-identically.
+//!
+//! ```text
+//!  model code (RTensor ops, remat_candle::nn layers)
+//!     │  graph::apply: pin inputs · run candle op on detached inputs ·
+//!     │                move storage out · apply_opN(Attach) · runtime.record
+//!     ▼
+//!  candle autograd graph ── Attach::bwd: pin inputs (rematerialize) · vjp · unpin
+//!     │
+//!  remat-dtr Runtime<Cell> ── evict = drop Cell = move the storage out of candle's
+//!     │                       shared cell; remat = recompute, move it back in
+//!     └── PhysicalBudget: remat-alloc caching allocator over a simulated device
+//!                         of capacity = budget (CPU placement model)
+//! ```
+//!
+//! ## Using it
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
+//! use remat_candle::{nn, nn::Module, Remat, RematConfig};
+//!
+//! # fn main() -> remat_candle::Result<()> {
+//! let dev = Device::Cpu;
+//! let varmap = VarMap::new();
+//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
+//! let remat = Remat::new(RematConfig::new().with_budget_bytes(16 << 20))?;
+//! let l1 = nn::linear(&remat, 8, 32, vb.pp("l1"))?;
+//! let l2 = nn::linear(&remat, 32, 1, vb.pp("l2"))?;
+//! let mut opt = SGD::new(varmap.all_vars(), 0.1)?;
+//! let x = remat.input(&Tensor::ones((4, 8), DType::F32, &dev)?)?;
+//! let loss = l2.forward(&l1.forward(&x)?.relu()?)?.sqr()?.mean_all()?;
+//! let grads = loss.backward()?;
+//! opt.step(&grads)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What is and is not rematerializable
+//!
+//! - Outputs of [`RTensor`] ops are; inputs ([`Remat::input`]) and parameters
+//!   ([`Remat::param`]) are counted in the budget but never evicted.
+//! - candle has no read hook: a storage handed to plain candle must be resident.
+//!   [`RTensor::pinned`] pins it for the guard's lifetime; [`RTensor::to_candle`]
+//!   makes an independent copy (outside the budget) that stays in candle's graph.
+//! - Parameters are shared with their `Var`s: an optimizer step changes them in
+//!   place, so drop the previous step's activations before stepping (the usual
+//!   training loop does); a rematerialization after a step would see new weights.
+//! - Gradients live in candle's `GradStore`, outside the budget; the budget covers
+//!   inputs, parameters and every activation, including those rematerialized
+//!   during `backward()`.
+//! - Dropout draws its mask from a recorded seed ([`dropout_mask`]); in-place
+//!   candle ops on adapter tensors are not supported.
+//! - Eviction happens at op boundaries only. On CPU the budget is a placement
+//!   model (remat-alloc's caching allocator over a simulated device of the
+//!   budget's size): an allocation that fails there evicts and retries.
+//! - Feature `cuda` enables candle's CUDA backend (needs nvcc); the evict/restore
+//!   in-place ops support CUDA storages. Candle allocates through cudarc, which has
+//!   no allocator hook, so on CUDA too the budget is enforced on the placement
+//!   model, not on the driver pool. It is not compile-checked where nvcc is absent.
+
+pub mod cell;
+pub mod context;
+pub mod error;
+mod graph;
+pub mod nn;
+pub mod tensor;
+
+pub use cell::Cell;
+pub use context::{Budget, CostModel, Remat, RematConfig};
+pub use error::{Error, Result};
+pub use tensor::{dropout_mask, Pinned, RTensor};

@@ -1,0 +1,440 @@
+//! Layers mirroring candle-nn, over [`RTensor`]s: porting a model is mostly a
+//! change of imports. Parameters come from a candle-nn `VarBuilder` (so a `VarMap`
+//! and candle-nn's optimizers work unchanged) with candle-nn's initializations, and
+//! each forward uses the same candle ops in the same order as candle-nn's, so the
+//! results equal a plain candle-nn model's bit for bit.
+
+use candle_core::{DType, Tensor, D};
+use candle_nn::VarBuilder;
+
+use crate::context::Remat;
+use crate::error::{Error, Result};
+use crate::tensor::RTensor;
+
+/// A layer: `forward` on rematerializing tensors.
+pub trait Module {
+    /// Apply the layer.
+    fn forward(&self, xs: &RTensor) -> Result<RTensor>;
+}
+
+impl<F: Fn(&RTensor) -> Result<RTensor>> Module for F {
+    fn forward(&self, xs: &RTensor) -> Result<RTensor> {
+        self(xs)
+    }
+}
+
+/// A fully connected layer, `x Wᵀ + b` (candle-nn's `Linear`).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: RTensor,
+    bias: Option<RTensor>,
+}
+
+impl Linear {
+    /// Wrap a candle-nn layer's parameters (shared, not copied).
+    pub fn from_candle(remat: &Remat, l: &candle_nn::Linear) -> Result<Self> {
+        Ok(Self {
+            weight: remat.input(l.weight())?,
+            bias: l.bias().map(|b| remat.input(b)).transpose()?,
+        })
+    }
+    /// The weight, `(out, in)`.
+    pub fn weight(&self) -> &RTensor {
+        &self.weight
+    }
+    /// The bias, `(out,)`.
+    pub fn bias(&self) -> Option<&RTensor> {
+        self.bias.as_ref()
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        let x = match *x.dims() {
+            [b1, b2, m, k] => {
+                if x.is_contiguous() {
+                    let w = self.weight.t()?;
+                    x.reshape((b1 * b2 * m, k))?
+                        .matmul(&w)?
+                        .reshape((b1, b2, m, ()))?
+                } else {
+                    let w = self.weight.broadcast_left((b1, b2))?.t()?;
+                    x.matmul(&w)?
+                }
+            }
+            [bsize, m, k] => {
+                if x.is_contiguous() {
+                    let w = self.weight.t()?;
+                    x.reshape((bsize * m, k))?
+                        .matmul(&w)?
+                        .reshape((bsize, m, ()))?
+                } else {
+                    let w = self.weight.broadcast_left(bsize)?.t()?;
+                    x.matmul(&w)?
+                }
+            }
+            _ => {
+                let w = self.weight.t()?;
+                x.matmul(&w)?
+            }
+        };
+        match &self.bias {
+            None => Ok(x),
+            Some(bias) => x.broadcast_add(bias),
+        }
+    }
+}
+
+/// candle-nn's `linear` (with bias) over `vb`.
+pub fn linear(remat: &Remat, in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    Linear::from_candle(remat, &candle_nn::linear(in_dim, out_dim, vb)?)
+}
+
+/// candle-nn's `linear_no_bias` over `vb`.
+pub fn linear_no_bias(
+    remat: &Remat,
+    in_dim: usize,
+    out_dim: usize,
+    vb: VarBuilder,
+) -> Result<Linear> {
+    Linear::from_candle(remat, &candle_nn::linear_no_bias(in_dim, out_dim, vb)?)
+}
+
+/// A 2D convolution (candle-nn's `Conv2d`, `groups` = 1).
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    weight: RTensor,
+    bias: Option<RTensor>,
+    padding: usize,
+    stride: usize,
+    dilation: usize,
+}
+
+impl Conv2d {
+    /// Wrap a candle-nn layer's parameters (shared, not copied).
+    pub fn from_candle(remat: &Remat, c: &candle_nn::Conv2d) -> Result<Self> {
+        let cfg = c.config();
+        if cfg.groups != 1 {
+            return Err(Error::Unsupported {
+                op: "conv2d",
+                message: format!("groups = {} (only 1 is supported)", cfg.groups),
+            });
+        }
+        Ok(Self {
+            weight: remat.input(c.weight())?,
+            bias: c.bias().map(|b| remat.input(b)).transpose()?,
+            padding: cfg.padding,
+            stride: cfg.stride,
+            dilation: cfg.dilation,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        let x = x.conv2d(&self.weight, self.padding, self.stride, self.dilation)?;
+        match &self.bias {
+            None => Ok(x),
+            Some(bias) => {
+                let b = bias.dims()[0];
+                let bias = bias.reshape((1, b, 1, 1))?;
+                x.broadcast_add(&bias)
+            }
+        }
+    }
+}
+
+/// candle-nn's `conv2d` over `vb`.
+pub fn conv2d(
+    remat: &Remat,
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    cfg: candle_nn::Conv2dConfig,
+    vb: VarBuilder,
+) -> Result<Conv2d> {
+    Conv2d::from_candle(
+        remat,
+        &candle_nn::conv2d(in_channels, out_channels, kernel_size, cfg, vb)?,
+    )
+}
+
+/// Layer normalization over the last dimension with weight and bias, the
+/// composition of candle-nn's `LayerNorm::forward` (which has a gradient; the
+/// fused candle-nn kernel has none).
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: RTensor,
+    bias: RTensor,
+    eps: f64,
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        let hidden_size = x.dim(D::Minus1)?;
+        let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+        let x = x.broadcast_sub(&mean_x)?;
+        let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+        let x_normed = x.broadcast_div(&(norm_x + self.eps)?.sqrt()?)?;
+        let x = x_normed.broadcast_mul(&self.weight)?;
+        x.broadcast_add(&self.bias)
+    }
+}
+
+/// candle-nn's `layer_norm` parameters (weight 1, bias 0) over `vb`.
+pub fn layer_norm(remat: &Remat, size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
+    let cfg = candle_nn::LayerNormConfig {
+        eps,
+        ..Default::default()
+    };
+    let ln = candle_nn::layer_norm(size, cfg, vb)?;
+    let bias = ln.bias().ok_or(Error::Unsupported {
+        op: "layer_norm",
+        message: "candle-nn returned a layer norm without bias".into(),
+    })?;
+    Ok(LayerNorm {
+        weight: remat.input(ln.weight())?,
+        bias: remat.input(bias)?,
+        eps,
+    })
+}
+
+/// Batch normalization in training mode over dimension 1 (batch statistics, the
+/// composition of candle-nn's `BatchNorm::forward_train` without its running
+/// statistics, which candle-nn updates in place and a replay could not repeat).
+#[derive(Debug, Clone)]
+pub struct BatchNorm {
+    weight: RTensor,
+    bias: RTensor,
+    eps: f64,
+}
+
+impl Module for BatchNorm {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        if x.rank() < 2 {
+            return Err(Error::Unsupported {
+                op: "batch_norm",
+                message: format!("input of rank {} (at least 2)", x.rank()),
+            });
+        }
+        let x_t = x.transpose(0, 1)?;
+        let dims_t = x_t.dims().to_vec();
+        let x_t = x_t.flatten_from(1)?.contiguous()?;
+        let mean_x = x_t.mean_keepdim(1)?;
+        let x_t = x_t.broadcast_sub(&mean_x)?;
+        let norm_x = x_t.sqr()?.mean_keepdim(1)?;
+        let x_t = x_t.broadcast_div(&(norm_x + self.eps)?.sqrt()?)?;
+        let c = self.weight.dims()[0];
+        let w = self.weight.reshape((c, 1))?;
+        let b = self.bias.reshape((c, 1))?;
+        let x_t = x_t.broadcast_mul(&w)?.broadcast_add(&b)?;
+        x_t.reshape(dims_t)?.transpose(0, 1)
+    }
+}
+
+/// Batch norm parameters (weight 1, bias 0) over `vb`, as candle-nn's
+/// `batch_norm` names them.
+pub fn batch_norm(remat: &Remat, channels: usize, eps: f64, vb: VarBuilder) -> Result<BatchNorm> {
+    let w = vb.get_with_hints(channels, "weight", candle_nn::Init::Const(1.))?;
+    let b = vb.get_with_hints(channels, "bias", candle_nn::Init::Const(0.))?;
+    Ok(BatchNorm {
+        weight: remat.input(&w)?,
+        bias: remat.input(&b)?,
+        eps,
+    })
+}
+
+/// An embedding table (candle-nn's `Embedding`).
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    table: RTensor,
+    hidden_size: usize,
+}
+
+impl Module for Embedding {
+    /// `ids`: an integer tensor of any shape; the output adds a last dimension.
+    fn forward(&self, ids: &RTensor) -> Result<RTensor> {
+        let mut final_dims = ids.dims().to_vec();
+        final_dims.push(self.hidden_size);
+        let ids = ids.flatten_all()?;
+        let values = self.table.index_select(&ids, 0)?;
+        values.reshape(final_dims)
+    }
+}
+
+/// candle-nn's `embedding` over `vb`.
+pub fn embedding(remat: &Remat, n: usize, hidden: usize, vb: VarBuilder) -> Result<Embedding> {
+    let e = candle_nn::embedding(n, hidden, vb)?;
+    Ok(Embedding {
+        table: remat.input(e.embeddings())?,
+        hidden_size: hidden,
+    })
+}
+
+/// Activations (candle-nn's `Activation` subset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `max(x, 0)`.
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+    /// GELU, erf.
+    GeluErf,
+    /// SiLU.
+    Silu,
+    /// tanh.
+    Tanh,
+    /// Logistic sigmoid.
+    Sigmoid,
+}
+
+impl Module for Activation {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu(),
+            Activation::GeluErf => x.gelu_erf(),
+            Activation::Silu => x.silu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+}
+
+/// Dropout with probability `p` (each call draws a recorded seed).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    /// Drop probability.
+    pub p: f32,
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        x.dropout(self.p)
+    }
+}
+
+/// Multi-head self-attention: `softmax(q kᵀ / √d + mask) v` over `heads` heads,
+/// with input, key, value and output projections.
+#[derive(Debug, Clone)]
+pub struct MultiHeadAttention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl MultiHeadAttention {
+    /// Projections `q`, `k`, `v`, `o` of `dim × dim` under `vb`.
+    pub fn new(remat: &Remat, dim: usize, heads: usize, vb: VarBuilder) -> Result<Self> {
+        if heads == 0 || dim % heads != 0 {
+            return Err(Error::Unsupported {
+                op: "attention",
+                message: format!("{dim} is not divisible into {heads} heads"),
+            });
+        }
+        Ok(Self {
+            q: linear(remat, dim, dim, vb.pp("q"))?,
+            k: linear(remat, dim, dim, vb.pp("k"))?,
+            v: linear(remat, dim, dim, vb.pp("v"))?,
+            o: linear(remat, dim, dim, vb.pp("o"))?,
+            heads,
+            head_dim: dim / heads,
+        })
+    }
+
+    /// Attention over `x: (b, t, dim)` with an optional additive `mask: (t, t)`.
+    pub fn forward_masked(&self, x: &RTensor, mask: Option<&RTensor>) -> Result<RTensor> {
+        let (b, t, dim) = match *x.dims() {
+            [b, t, d] => (b, t, d),
+            _ => {
+                return Err(Error::Unsupported {
+                    op: "attention",
+                    message: format!("input of shape {:?} (expected (b, t, dim))", x.dims()),
+                })
+            }
+        };
+        let split = |y: RTensor| -> Result<RTensor> {
+            y.reshape((b, t, self.heads, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = split(self.q.forward(x)?)?;
+        let k = split(self.k.forward(x)?)?;
+        let v = split(self.v.forward(x)?)?;
+        let scale = 1f64 / (self.head_dim as f64).sqrt();
+        let att = (q.matmul(&k.t()?)? * scale)?;
+        let att = match mask {
+            Some(m) => att.broadcast_add(m)?,
+            None => att,
+        };
+        let att = att.softmax_last_dim()?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, dim))?;
+        self.o.forward(&y)
+    }
+}
+
+impl Module for MultiHeadAttention {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        self.forward_masked(x, None)
+    }
+}
+
+/// A causal mask `(t, t)`: 0 on and below the diagonal, −∞ above (plain tensor;
+/// bring it in with [`Remat::input`]).
+pub fn causal_mask(t: usize, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
+    let v: Vec<f32> = (0..t)
+        .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Ok(Tensor::from_vec(v, (t, t), device)?.to_dtype(dtype)?)
+}
+
+/// Losses mirroring `candle_nn::loss`.
+pub mod loss {
+    use crate::error::{Error, Result};
+    use crate::tensor::RTensor;
+
+    /// Negative log likelihood of `inp: (b, c)` log-probabilities at `target: (b,)`
+    /// class ids.
+    pub fn nll(inp: &RTensor, target: &RTensor) -> Result<RTensor> {
+        let b_sz = match *target.dims() {
+            [b] => b,
+            ref d => {
+                return Err(Error::Unsupported {
+                    op: "nll",
+                    message: format!("target of shape {d:?} (expected one dimension)"),
+                })
+            }
+        };
+        match *inp.dims() {
+            [ib, _] if ib == b_sz => {}
+            ref d => {
+                return Err(Error::Unsupported {
+                    op: "nll",
+                    message: format!("input of shape {d:?} for a batch of {b_sz}"),
+                })
+            }
+        }
+        inp.gather(&target.unsqueeze(1)?, 1)?
+            .sum_all()?
+            .affine(-1f64 / b_sz as f64, 0.)
+    }
+
+    /// Cross-entropy of logits `inp: (b, c)` against class ids `target: (b,)`.
+    pub fn cross_entropy(inp: &RTensor, target: &RTensor) -> Result<RTensor> {
+        if inp.rank() != 2 {
+            return Err(Error::Unsupported {
+                op: "cross_entropy",
+                message: format!("input of rank {} (expected 2)", inp.rank()),
+            });
+        }
+        nll(&inp.log_softmax(1)?, target)
+    }
+
+    /// Mean squared error.
+    pub fn mse(inp: &RTensor, target: &RTensor) -> Result<RTensor> {
+        (inp - target)?.sqr()?.mean_all()
+    }
+}

@@ -1,0 +1,1084 @@
+//! [`RTensor`]: a rematerializing tensor whose ops mirror candle's `Tensor`.
+//!
+//! Each op runs the real candle op, registers the output with the DTR runtime with
+//! its recompute closure, and attaches it to candle's autograd graph (see the
+//! crate-private `graph` module). Views (reshape, transpose, narrow, broadcast,
+//! squeeze…) are candle's own layout-only views on the attached tensor: they share
+//! the storage cell and the runtime handle, so an evicted base is restored for all
+//! its views at once.
+
+use std::sync::Arc;
+
+use candle_core::backprop::GradStore;
+use candle_core::shape::{Dim, Dims};
+use candle_core::{DType, Device, Shape, Tensor, WithDType, D};
+use remat_dtr::{StorageId, TensorId};
+
+use crate::context::{Inner, Remat};
+use crate::error::{Error, Result};
+use crate::graph::{apply, escape};
+
+/// The runtime handle of a storage, shared by a tensor and its views; dropping the
+/// last one releases the handle.
+struct Handle {
+    id: TensorId,
+    ctx: Arc<Inner>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.ctx.release_later(self.id);
+    }
+}
+
+/// A tensor whose storage the DTR runtime may evict and rematerialize.
+///
+/// It wraps the candle tensor that sits in candle's autograd graph (the *attached*
+/// tensor). Its storage may be empty while evicted: read values through
+/// [`RTensor::to_vec1`] and friends, [`RTensor::pinned`] or [`RTensor::to_candle`],
+/// never through the attached tensor directly.
+#[derive(Clone)]
+pub struct RTensor {
+    t: Tensor,
+    h: Arc<Handle>,
+}
+
+impl std::fmt::Debug for RTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RTensor")
+            .field("id", &self.h.id)
+            .field("shape", self.t.shape())
+            .field("dtype", &self.t.dtype())
+            .finish()
+    }
+}
+
+/// A pinned tensor: resident until the guard drops. Derefs to the attached candle
+/// tensor, which plain candle ops may read while the guard lives. Do not keep
+/// clones of it past the guard: the storage may be evicted afterwards, and reading
+/// an evicted storage fails (CPU: panics inside candle).
+pub struct Pinned<'a> {
+    t: &'a RTensor,
+}
+
+impl std::ops::Deref for Pinned<'_> {
+    type Target = Tensor;
+    fn deref(&self) -> &Tensor {
+        &self.t.t
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        self.t.h.ctx.unpin_later(self.t.h.id);
+    }
+}
+
+fn op1<F, G>(t: &RTensor, name: &'static str, needs_output: bool, f: F, g: G) -> Result<RTensor>
+where
+    F: Fn(&Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
+    G: Fn(&Tensor, Option<&Tensor>, &Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
+{
+    apply(
+        name,
+        &[t],
+        Arc::new(move |x: &[Tensor]| f(&x[0])),
+        Arc::new(move |x: &[Tensor], o: Option<&Tensor>, grad: &Tensor| {
+            Ok(vec![Some(g(&x[0], o, grad)?)])
+        }),
+        needs_output,
+    )
+}
+
+fn out_of(o: Option<&Tensor>) -> candle_core::Result<&Tensor> {
+    o.ok_or_else(|| candle_core::Error::Msg("remat: output not pinned for backward".into()))
+}
+
+/// Elementwise binary ops on same-shape tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Maximum,
+    Minimum,
+}
+
+impl Bin {
+    fn name(self) -> &'static str {
+        match self {
+            Bin::Add => "add",
+            Bin::Sub => "sub",
+            Bin::Mul => "mul",
+            Bin::Div => "div",
+            Bin::Maximum => "maximum",
+            Bin::Minimum => "minimum",
+        }
+    }
+    fn run(self, a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Bin::Add => a.add(b),
+            Bin::Sub => a.sub(b),
+            Bin::Mul => a.mul(b),
+            Bin::Div => a.div(b),
+            Bin::Maximum => a.maximum(b),
+            Bin::Minimum => a.minimum(b),
+        }
+    }
+    /// candle's backward formulas (backprop.rs); a `sum.sub(g)` there is returned
+    /// as `-g` here, which candle then adds: IEEE `s - g == s + (-g)` exactly.
+    fn vjp(
+        self,
+        lhs: &Tensor,
+        rhs: &Tensor,
+        node: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> candle_core::Result<Vec<Option<Tensor>>> {
+        Ok(match self {
+            Bin::Add => vec![Some(grad.clone()), Some(grad.clone())],
+            Bin::Sub => vec![Some(grad.clone()), Some(grad.neg()?)],
+            Bin::Mul => vec![Some(grad.mul(rhs)?), Some(grad.mul(lhs)?)],
+            Bin::Div => {
+                let l = grad.div(rhs)?;
+                let r = grad.mul(lhs)?.div(&rhs.sqr()?)?;
+                vec![Some(l), Some(r.neg()?)]
+            }
+            Bin::Maximum | Bin::Minimum => {
+                let node = out_of(node)?;
+                let mask_lhs = node.eq(lhs)?.to_dtype(grad.dtype())?;
+                let mask_rhs = node.eq(rhs)?.to_dtype(grad.dtype())?;
+                let l = mask_lhs.mul(grad)?.div(&(&mask_rhs + 1.)?)?;
+                let r = mask_rhs.mul(grad)?.div(&(&mask_lhs + 1.)?)?;
+                vec![Some(l), Some(r)]
+            }
+        })
+    }
+}
+
+impl RTensor {
+    pub(crate) fn from_parts(t: Tensor, id: TensorId, ctx: Arc<Inner>) -> Self {
+        Self {
+            t,
+            h: Arc::new(Handle { id, ctx }),
+        }
+    }
+
+    pub(crate) fn ctx(&self) -> &Arc<Inner> {
+        &self.h.ctx
+    }
+
+    /// The runtime handle of this tensor's storage.
+    pub fn id(&self) -> TensorId {
+        self.h.id
+    }
+
+    /// The attached candle tensor: the node in candle's autograd graph (use it to
+    /// look gradients up in a `GradStore`). Its storage may be evicted: do not read
+    /// it (see [`RTensor::pinned`]).
+    pub fn attached(&self) -> &Tensor {
+        &self.t
+    }
+
+    /// The context this tensor belongs to.
+    pub fn remat(&self) -> Remat {
+        Remat {
+            inner: self.h.ctx.clone(),
+        }
+    }
+
+    /// A view of this tensor's storage made by a layout-only candle op on the
+    /// attached tensor (candle records it in the graph; its backward reads no
+    /// storage).
+    fn view(&self, f: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>) -> Result<RTensor> {
+        Ok(RTensor {
+            t: f(&self.t)?,
+            h: self.h.clone(),
+        })
+    }
+
+    // ----- metadata -------------------------------------------------------------
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        self.t.shape()
+    }
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.t.dims()
+    }
+    /// The size of dimension `d`.
+    pub fn dim<T: Dim>(&self, d: T) -> Result<usize> {
+        Ok(self.t.dim(d)?)
+    }
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.t.rank()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.t.dtype()
+    }
+    /// The device.
+    pub fn device(&self) -> &Device {
+        self.t.device()
+    }
+    /// The number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.t.elem_count()
+    }
+    /// Whether the layout is row-major contiguous.
+    pub fn is_contiguous(&self) -> bool {
+        self.t.is_contiguous()
+    }
+
+    // ----- runtime ----------------------------------------------------------------
+
+    /// Whether the storage is resident (not evicted).
+    pub fn is_resident(&self) -> Result<bool> {
+        Ok(self.h.ctx.lock()?.is_resident(self.h.id)?)
+    }
+
+    /// The runtime storage behind this tensor (views share it).
+    pub fn storage_id(&self) -> Result<StorageId> {
+        Ok(self.h.ctx.lock()?.storage_of(self.h.id)?)
+    }
+
+    /// Evict the storage now if it can be (resident, recomputable, unpinned):
+    /// `Ok(false)` for inputs, parameters and pinned tensors.
+    pub fn evict(&self) -> Result<bool> {
+        Ok(self.h.ctx.lock()?.evict(self.h.id)?)
+    }
+
+    /// Times the storage was rematerialized.
+    pub fn recompute_count(&self) -> Result<u32> {
+        Ok(self.h.ctx.lock()?.recompute_count(self.h.id)?)
+    }
+
+    /// Make the storage resident and keep it so while the guard lives.
+    pub fn pinned(&self) -> Result<Pinned<'_>> {
+        self.h.ctx.lock()?.pin(self.h.id)?;
+        Ok(Pinned { t: self })
+    }
+
+    /// Escape to plain candle: a copy of the data, attached to candle's graph
+    /// (gradients flow back through this tensor) and independent of the runtime:
+    /// its memory is outside the budget and never evicted.
+    pub fn to_candle(&self) -> Result<Tensor> {
+        escape(self)
+    }
+
+    /// The values as a vector (rank 1).
+    pub fn to_vec1<T: WithDType>(&self) -> Result<Vec<T>> {
+        let p = self.pinned()?;
+        Ok(p.to_vec1()?)
+    }
+    /// The values as nested vectors (rank 2).
+    pub fn to_vec2<T: WithDType>(&self) -> Result<Vec<Vec<T>>> {
+        let p = self.pinned()?;
+        Ok(p.to_vec2()?)
+    }
+    /// The values as nested vectors (rank 3).
+    pub fn to_vec3<T: WithDType>(&self) -> Result<Vec<Vec<Vec<T>>>> {
+        let p = self.pinned()?;
+        Ok(p.to_vec3()?)
+    }
+    /// The value of a rank-0 tensor.
+    pub fn to_scalar<T: WithDType>(&self) -> Result<T> {
+        let p = self.pinned()?;
+        Ok(p.to_scalar()?)
+    }
+
+    /// candle's `backward()` from this tensor: gradients of every variable it
+    /// depends on. Evicted inputs are rematerialized as their nodes are reached.
+    pub fn backward(&self) -> Result<GradStore> {
+        self.remat().flush()?;
+        let ctx = self.ctx();
+        let _ = ctx.take_bwd_error();
+        self.t
+            .backward()
+            .map_err(|e| ctx.take_bwd_error().unwrap_or(Error::Candle(e)))
+    }
+
+    // ----- views --------------------------------------------------------------------
+
+    /// Reshape (a view when contiguous, else a contiguous copy first).
+    pub fn reshape<S: candle_core::shape::ShapeWithOneHole>(&self, s: S) -> Result<RTensor> {
+        let base = self.contiguous()?;
+        base.view(|t| t.reshape(s))
+    }
+    /// Swap two dimensions (view).
+    pub fn transpose<D1: Dim, D2: Dim>(&self, d1: D1, d2: D2) -> Result<RTensor> {
+        self.view(|t| t.transpose(d1, d2))
+    }
+    /// Transpose the last two dimensions (view).
+    pub fn t(&self) -> Result<RTensor> {
+        self.view(|t| t.t())
+    }
+    /// Permute the dimensions (view).
+    pub fn permute<T: Dims>(&self, dims: T) -> Result<RTensor> {
+        self.view(|t| t.permute(dims))
+    }
+    /// A slice along `dim` (view).
+    pub fn narrow<T: Dim>(&self, dim: T, start: usize, len: usize) -> Result<RTensor> {
+        self.view(|t| t.narrow(dim, start, len))
+    }
+    /// Split into `chunks` views along `dim`.
+    pub fn chunk<T: Dim>(&self, chunks: usize, dim: T) -> Result<Vec<RTensor>> {
+        let parts = self.t.chunk(chunks, dim)?;
+        Ok(parts
+            .into_iter()
+            .map(|t| RTensor {
+                t,
+                h: self.h.clone(),
+            })
+            .collect())
+    }
+    /// Remove a dimension of size 1 (view).
+    pub fn squeeze<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        self.view(|t| t.squeeze(dim))
+    }
+    /// Insert a dimension of size 1 (view).
+    pub fn unsqueeze<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        self.view(|t| t.unsqueeze(dim))
+    }
+    /// Broadcast to `shape` (view).
+    pub fn broadcast_as<S: Into<Shape>>(&self, shape: S) -> Result<RTensor> {
+        self.view(|t| t.broadcast_as(shape))
+    }
+    /// Broadcast with extra leading dimensions (view).
+    pub fn broadcast_left<S: Into<Shape>>(&self, left: S) -> Result<RTensor> {
+        self.view(|t| t.broadcast_left(left))
+    }
+    /// Flatten everything into one dimension.
+    pub fn flatten_all(&self) -> Result<RTensor> {
+        self.contiguous()?.view(|t| t.flatten_all())
+    }
+    /// Flatten dimensions from `start` on.
+    pub fn flatten_from<T: Dim>(&self, start: T) -> Result<RTensor> {
+        self.contiguous()?.view(|t| t.flatten_from(start))
+    }
+
+    // ----- unary ----------------------------------------------------------------------
+
+    /// A contiguous tensor (itself when already contiguous, else a copy).
+    pub fn contiguous(&self) -> Result<RTensor> {
+        if self.t.is_contiguous() {
+            return Ok(self.clone());
+        }
+        op1(
+            self,
+            "copy",
+            false,
+            |x| x.force_contiguous(),
+            |_, _, g| Ok(g.clone()),
+        )
+    }
+    /// Convert the element type (itself when already `dtype`).
+    pub fn to_dtype(&self, dtype: DType) -> Result<RTensor> {
+        if self.dtype() == dtype {
+            return Ok(self.clone());
+        }
+        op1(
+            self,
+            "to-dtype",
+            false,
+            move |x| x.to_dtype(dtype),
+            |x, _, g| g.to_dtype(x.dtype()),
+        )
+    }
+    /// `x * mul + add`.
+    pub fn affine(&self, mul: f64, add: f64) -> Result<RTensor> {
+        op1(
+            self,
+            "affine",
+            false,
+            move |x| x.affine(mul, add),
+            move |_, _, g| g.affine(mul, 0.),
+        )
+    }
+    /// `e^x`.
+    pub fn exp(&self) -> Result<RTensor> {
+        op1(self, "exp", true, |x| x.exp(), |_, o, g| g.mul(out_of(o)?))
+    }
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<RTensor> {
+        op1(self, "log", false, |x| x.log(), |x, _, g| g.div(x))
+    }
+    /// `x²`.
+    pub fn sqr(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "sqr",
+            false,
+            |x| x.sqr(),
+            |x, _, g| x.mul(g)?.affine(2., 0.),
+        )
+    }
+    /// `√x`.
+    pub fn sqrt(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "sqrt",
+            true,
+            |x| x.sqrt(),
+            |_, o, g| g.div(out_of(o)?)?.affine(0.5, 0.),
+        )
+    }
+    /// `1 / x`.
+    pub fn recip(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "recip",
+            false,
+            |x| x.recip(),
+            |x, _, g| g.div(&x.sqr()?)?.neg(),
+        )
+    }
+    /// `-x`.
+    pub fn neg(&self) -> Result<RTensor> {
+        op1(self, "neg", false, |x| x.neg(), |_, _, g| g.neg())
+    }
+    /// `|x|`.
+    pub fn abs(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "abs",
+            false,
+            |x| x.abs(),
+            |x, _, g| {
+                let ones = x.ones_like()?;
+                let abs_grad = x.ge(&x.zeros_like()?)?.where_cond(&ones, &ones.neg()?)?;
+                g.mul(&abs_grad)
+            },
+        )
+    }
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "tanh",
+            true,
+            |x| x.tanh(),
+            |_, o, g| {
+                let minus_dtanh = (out_of(o)?.sqr()? - 1.)?;
+                g.mul(&minus_dtanh)?.neg()
+            },
+        )
+    }
+    /// Rectified linear unit.
+    pub fn relu(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "relu",
+            false,
+            |x| x.relu(),
+            |x, _, g| {
+                let relu_grad = x.ge(&x.zeros_like()?)?.to_dtype(x.dtype())?;
+                g.mul(&relu_grad)
+            },
+        )
+    }
+    /// GELU, tanh approximation.
+    pub fn gelu(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "gelu",
+            false,
+            |x| x.gelu(),
+            |arg, _, g| {
+                let cube = arg.powf(3.)?;
+                let tanh = (0.0356774 * &cube + (0.797885 * arg)?)?.tanh()?;
+                let gelu_grad = (((0.5 * &tanh)?
+                    + (0.0535161 * cube + (0.398942 * arg)?)? * (1. - tanh.powf(2.)?))?
+                    + 0.5)?;
+                g.mul(&gelu_grad)
+            },
+        )
+    }
+    /// GELU, exact (erf).
+    pub fn gelu_erf(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "gelu-erf",
+            false,
+            |x| x.gelu_erf(),
+            |arg, _, g| {
+                let neg_half_square = (arg.sqr()?.neg()? / 2.)?;
+                let scaled_exp_arg = (0.398942 * neg_half_square.exp()? * arg)?;
+                let arg_scaled_sqrt = (arg / 2f64.sqrt())?;
+                let erf_scaled_sqrt = (0.5 * arg_scaled_sqrt.erf()?)?;
+                let gelu_erf_grad = (0.5 + scaled_exp_arg + erf_scaled_sqrt)?;
+                g.mul(&gelu_erf_grad)
+            },
+        )
+    }
+    /// SiLU (swish).
+    pub fn silu(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "silu",
+            true,
+            |x| x.silu(),
+            |arg, o, g| {
+                let node = out_of(o)?;
+                let sigmoid_arg = (arg.neg()?.exp()? + 1.)?.recip()?;
+                let silu_grad = ((&sigmoid_arg * (1. - node)?)? + node)?;
+                g.mul(&silu_grad)
+            },
+        )
+    }
+    /// Logistic sigmoid (candle-nn's fused op and its backward).
+    pub fn sigmoid(&self) -> Result<RTensor> {
+        op1(self, "sigmoid", true, candle_nn::ops::sigmoid, |_, o, g| {
+            let res = out_of(o)?;
+            let d_dx_sigmoid = res.ones_like()?.sub(res)?.mul(res)?;
+            g.mul(&d_dx_sigmoid)
+        })
+    }
+    /// `x^e`.
+    pub fn powf(&self, e: f64) -> Result<RTensor> {
+        op1(
+            self,
+            "powf",
+            false,
+            move |x| x.powf(e),
+            move |x, _, g| g.mul(&x.powf(e - 1.)?)? * e,
+        )
+    }
+
+    // ----- reductions -------------------------------------------------------------------
+
+    /// Sum over `dims`, keeping them as size 1.
+    pub fn sum_keepdim<T: Dims>(&self, dims: T) -> Result<RTensor> {
+        let dims = dims.to_indexes(self.shape(), "sum-keepdim")?;
+        op1(
+            self,
+            "sum",
+            false,
+            move |x| x.sum_keepdim(dims.as_slice()),
+            |x, _, g| g.broadcast_as(x.shape()),
+        )
+    }
+    /// Sum over `dims`, removing them.
+    pub fn sum<T: Dims>(&self, dims: T) -> Result<RTensor> {
+        let dims = dims.to_indexes(self.shape(), "sum")?;
+        let s = self.sum_keepdim(dims.as_slice())?;
+        s.squeeze_dims(&dims)
+    }
+    /// Sum of all elements (rank 0).
+    pub fn sum_all(&self) -> Result<RTensor> {
+        let dims: Vec<usize> = (0..self.rank()).collect();
+        self.sum(dims)
+    }
+    /// Mean over `dims`, keeping them.
+    pub fn mean_keepdim<T: Dims>(&self, dims: T) -> Result<RTensor> {
+        let dims = dims.to_indexes(self.shape(), "mean-keepdim")?;
+        let n: usize = dims.iter().map(|i| self.dims()[*i]).product();
+        self.sum_keepdim(dims)?.affine(1f64 / n as f64, 0.)
+    }
+    /// Mean over `dims`, removing them.
+    pub fn mean<T: Dims>(&self, dims: T) -> Result<RTensor> {
+        let dims = dims.to_indexes(self.shape(), "mean")?;
+        let n: usize = dims.iter().map(|i| self.dims()[*i]).product();
+        self.sum(dims)?.affine(1f64 / n as f64, 0.)
+    }
+    /// Mean of all elements (rank 0).
+    pub fn mean_all(&self) -> Result<RTensor> {
+        let n = self.elem_count();
+        self.sum_all()?.affine(1. / n as f64, 0.)
+    }
+    fn squeeze_dims(&self, dims: &[usize]) -> Result<RTensor> {
+        match dims {
+            [] => Ok(self.clone()),
+            [i] => self.squeeze(*i),
+            dims => {
+                let keep: Vec<usize> = self
+                    .dims()
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, &v)| (!dims.contains(&i)).then_some(v))
+                    .collect();
+                self.reshape(keep)
+            }
+        }
+    }
+    fn extremum_keepdim(&self, dim: usize, max: bool) -> Result<RTensor> {
+        let name = if max { "max" } else { "min" };
+        op1(
+            self,
+            name,
+            true,
+            move |x| {
+                if max {
+                    x.max_keepdim(dim)
+                } else {
+                    x.min_keepdim(dim)
+                }
+            },
+            |x, o, g| {
+                let node = out_of(o)?.broadcast_as(x.shape())?;
+                let grad = g.broadcast_as(x.shape())?;
+                node.eq(x)?.to_dtype(grad.dtype())?.mul(&grad)
+            },
+        )
+    }
+    /// Maximum over `dim`, keeping it.
+    pub fn max_keepdim<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "max")?;
+        self.extremum_keepdim(dim, true)
+    }
+    /// Maximum over `dim`, removing it.
+    pub fn max<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "max")?;
+        self.extremum_keepdim(dim, true)?.squeeze(dim)
+    }
+    /// Minimum over `dim`, keeping it.
+    pub fn min_keepdim<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "min")?;
+        self.extremum_keepdim(dim, false)
+    }
+    /// Minimum over `dim`, removing it.
+    pub fn min<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "min")?;
+        self.extremum_keepdim(dim, false)?.squeeze(dim)
+    }
+
+    // ----- binary ---------------------------------------------------------------------
+
+    fn binary(&self, rhs: &RTensor, op: Bin) -> Result<RTensor> {
+        apply(
+            op.name(),
+            &[self, rhs],
+            Arc::new(move |x: &[Tensor]| op.run(&x[0], &x[1])),
+            Arc::new(move |x: &[Tensor], o: Option<&Tensor>, g: &Tensor| {
+                op.vjp(&x[0], &x[1], o, g)
+            }),
+            matches!(op, Bin::Maximum | Bin::Minimum),
+        )
+    }
+    /// candle's `broadcast_binary_op!`: broadcast the sides that differ, then the op.
+    fn broadcast_binary(&self, rhs: &RTensor, op: Bin) -> Result<RTensor> {
+        let shape = self
+            .shape()
+            .broadcast_shape_binary_op(rhs.shape(), op.name())?;
+        let l = if self.shape() != &shape {
+            self.broadcast_as(&shape)?
+        } else {
+            self.clone()
+        };
+        let r = if rhs.shape() != &shape {
+            rhs.broadcast_as(&shape)?
+        } else {
+            rhs.clone()
+        };
+        l.binary(&r, op)
+    }
+    /// Elementwise sum (same shapes).
+    pub fn add(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.binary(rhs, Bin::Add)
+    }
+    /// Elementwise difference (same shapes).
+    pub fn sub(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.binary(rhs, Bin::Sub)
+    }
+    /// Elementwise product (same shapes).
+    pub fn mul(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.binary(rhs, Bin::Mul)
+    }
+    /// Elementwise quotient (same shapes).
+    pub fn div(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.binary(rhs, Bin::Div)
+    }
+    /// Elementwise maximum (same shapes).
+    pub fn maximum(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.binary(rhs, Bin::Maximum)
+    }
+    /// Elementwise minimum (same shapes).
+    pub fn minimum(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.binary(rhs, Bin::Minimum)
+    }
+    /// Sum with broadcasting.
+    pub fn broadcast_add(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_binary(rhs, Bin::Add)
+    }
+    /// Difference with broadcasting.
+    pub fn broadcast_sub(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_binary(rhs, Bin::Sub)
+    }
+    /// Product with broadcasting.
+    pub fn broadcast_mul(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_binary(rhs, Bin::Mul)
+    }
+    /// Quotient with broadcasting.
+    pub fn broadcast_div(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_binary(rhs, Bin::Div)
+    }
+    /// Maximum with broadcasting.
+    pub fn broadcast_maximum(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_binary(rhs, Bin::Maximum)
+    }
+    /// Minimum with broadcasting.
+    pub fn broadcast_minimum(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_binary(rhs, Bin::Minimum)
+    }
+
+    // ----- matmul / conv ----------------------------------------------------------------
+
+    /// Batched matrix product (same batch dims).
+    pub fn matmul(&self, rhs: &RTensor) -> Result<RTensor> {
+        apply(
+            "matmul",
+            &[self, rhs],
+            Arc::new(|x: &[Tensor]| x[0].matmul(&x[1])),
+            Arc::new(|x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+                let lhs_grad = g.matmul(&x[1].t()?)?;
+                let rhs_grad = x[0].t()?.matmul(g)?;
+                Ok(vec![Some(lhs_grad), Some(rhs_grad)])
+            }),
+            false,
+        )
+    }
+    /// Matrix product with batch broadcasting (candle's `broadcast_matmul`).
+    pub fn broadcast_matmul(&self, rhs: &RTensor) -> Result<RTensor> {
+        let (l_shape, r_shape) = broadcast_shape_matmul(self.shape(), rhs.shape())?;
+        let l_b = l_shape != *self.shape();
+        let r_b = r_shape != *rhs.shape();
+        match (l_b, r_b) {
+            (true, true) => self
+                .broadcast_as(&l_shape)?
+                .contiguous()?
+                .matmul(&rhs.broadcast_as(&r_shape)?.contiguous()?),
+            (false, true) if rhs.rank() == 2 && self.is_contiguous() => {
+                let dims = self.dims();
+                let (m, k) = (dims[self.rank() - 2], dims[self.rank() - 1]);
+                let n = rhs.dims()[1];
+                let batch: usize = dims[..self.rank() - 2].iter().product();
+                let mut out_dims = dims.to_vec();
+                out_dims.pop();
+                out_dims.push(n);
+                self.reshape((batch * m, k))?.matmul(rhs)?.reshape(out_dims)
+            }
+            (false, true) => self.matmul(&rhs.broadcast_as(&r_shape)?.contiguous()?),
+            (true, false) => self.broadcast_as(&l_shape)?.contiguous()?.matmul(rhs),
+            (false, false) => self.matmul(rhs),
+        }
+    }
+    /// 1D convolution (`groups` = 1), input `(b, c_in, l)`, kernel `(c_out, c_in, k)`.
+    pub fn conv1d(
+        &self,
+        kernel: &RTensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+    ) -> Result<RTensor> {
+        apply(
+            "conv1d",
+            &[self, kernel],
+            Arc::new(move |x: &[Tensor]| x[0].conv1d(&x[1], padding, stride, dilation, 1)),
+            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, grad: &Tensor| {
+                let (arg, kernel) = (&x[0], &x[1]);
+                let grad_l_in = grad.dim(2)?;
+                let k_size = kernel.dim(2)?;
+                let out_size = (grad_l_in - 1) * stride + dilation * (k_size - 1) + 1 - 2 * padding;
+                let out_padding = arg.dim(2)? - out_size;
+                let grad_arg =
+                    grad.conv_transpose1d(kernel, padding, out_padding, stride, dilation, 1)?;
+                let grad_kernel = arg
+                    .transpose(0, 1)?
+                    .conv1d(&grad.transpose(0, 1)?, padding, dilation, stride, 1)?
+                    .transpose(0, 1)?;
+                let (_, _, k0) = kernel.dims3()?;
+                let (_, _, g_k0) = grad_kernel.dims3()?;
+                let grad_kernel = if g_k0 != k0 {
+                    grad_kernel.narrow(2, 0, k0)?
+                } else {
+                    grad_kernel
+                };
+                Ok(vec![Some(grad_arg), Some(grad_kernel)])
+            }),
+            false,
+        )
+    }
+    /// 2D convolution (`groups` = 1), input `(b, c_in, h, w)`, kernel
+    /// `(c_out, c_in, kh, kw)`.
+    pub fn conv2d(
+        &self,
+        kernel: &RTensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+    ) -> Result<RTensor> {
+        apply(
+            "conv2d",
+            &[self, kernel],
+            Arc::new(move |x: &[Tensor]| x[0].conv2d(&x[1], padding, stride, dilation, 1)),
+            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, grad: &Tensor| {
+                let (arg, kernel) = (&x[0], &x[1]);
+                let grad_h = grad.dim(2)?;
+                let k_h = kernel.dim(2)?;
+                let out_size = (grad_h - 1) * stride + dilation * (k_h - 1) + 1 - 2 * padding;
+                let out_padding = arg.dim(2)? - out_size;
+                let grad_arg =
+                    grad.conv_transpose2d(kernel, padding, out_padding, stride, dilation)?;
+                let grad_kernel = arg
+                    .transpose(0, 1)?
+                    .conv2d(&grad.transpose(0, 1)?, padding, dilation, stride, 1)?
+                    .transpose(0, 1)?;
+                let (_, _, k0, k1) = kernel.dims4()?;
+                let (_, _, g_k0, g_k1) = grad_kernel.dims4()?;
+                let grad_kernel = if g_k0 != k0 || g_k1 != k1 {
+                    grad_kernel.narrow(2, 0, k0)?.narrow(3, 0, k1)?
+                } else {
+                    grad_kernel
+                };
+                Ok(vec![Some(grad_arg), Some(grad_kernel)])
+            }),
+            false,
+        )
+    }
+    /// 2D max pooling with stride = kernel size.
+    pub fn max_pool2d(&self, k: usize) -> Result<RTensor> {
+        op1(
+            self,
+            "max-pool2d",
+            true,
+            move |x| x.max_pool2d(k),
+            move |arg, o, grad| {
+                let node = out_of(o)?;
+                let (_n, _c, h, w) = arg.dims4()?;
+                let node_upsampled = node.upsample_nearest2d(h, w)?;
+                let mask = arg.eq(&node_upsampled)?.to_dtype(arg.dtype())?;
+                let avg = mask.avg_pool2d_with_stride((k, k), (k, k))?;
+                (grad * avg)?.upsample_nearest2d(h, w)? * mask
+            },
+        )
+    }
+    /// 2D average pooling with stride = kernel size.
+    pub fn avg_pool2d(&self, k: usize) -> Result<RTensor> {
+        op1(
+            self,
+            "avg-pool2d",
+            false,
+            move |x| x.avg_pool2d(k),
+            move |arg, _, grad| {
+                let (_n, _c, h, w) = arg.dims4()?;
+                let grad_arg = grad.upsample_nearest2d(h, w)?;
+                grad_arg * (1f64 / (k * k) as f64)
+            },
+        )
+    }
+
+    // ----- indexing -----------------------------------------------------------------------
+
+    /// Select rows of `self` along `dim` by `ids` (an integer tensor).
+    pub fn index_select<T: Dim>(&self, ids: &RTensor, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "index-select")?;
+        apply(
+            "index-select",
+            &[self, ids],
+            Arc::new(move |x: &[Tensor]| x[0].index_select(&x[1], dim)),
+            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+                let ids = x[1].contiguous()?;
+                let grad = x[0].zeros_like()?.index_add(&ids, g, dim)?;
+                Ok(vec![Some(grad), None])
+            }),
+            false,
+        )
+    }
+    /// Gather values along `dim` at `ids` (same rank as `self`).
+    pub fn gather<T: Dim>(&self, ids: &RTensor, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "gather")?;
+        apply(
+            "gather",
+            &[self, ids],
+            Arc::new(move |x: &[Tensor]| x[0].gather(&x[1], dim)),
+            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+                let grad = x[0].zeros_like()?.scatter_add(&x[1], g, dim)?;
+                Ok(vec![Some(grad), None])
+            }),
+            false,
+        )
+    }
+    /// Concatenate along `dim` (groups of up to three per graph node).
+    pub fn cat<T: Dim>(args: &[&RTensor], dim: T) -> Result<RTensor> {
+        let first = args.first().ok_or(Error::Unsupported {
+            op: "cat",
+            message: "no tensors".into(),
+        })?;
+        let dim = dim.to_index(first.shape(), "cat")?;
+        if args.len() == 1 {
+            return Ok((*first).clone());
+        }
+        let mut acc = cat_group(&args[..args.len().min(3)], dim)?;
+        let mut rest = &args[args.len().min(3)..];
+        while !rest.is_empty() {
+            let take = rest.len().min(2);
+            let mut group: Vec<&RTensor> = vec![&acc];
+            group.extend_from_slice(&rest[..take]);
+            acc = cat_group(&group, dim)?;
+            rest = &rest[take..];
+        }
+        Ok(acc)
+    }
+
+    // ----- composites ------------------------------------------------------------------
+
+    /// Softmax over `dim` (candle-nn's `ops::softmax` composition).
+    pub fn softmax<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "softmax")?;
+        let max = self.max_keepdim(dim)?;
+        let diff = self.broadcast_sub(&max)?;
+        let num = diff.exp()?;
+        let den = num.sum_keepdim(dim)?;
+        num.broadcast_div(&den)
+    }
+    /// Softmax over the last dimension.
+    pub fn softmax_last_dim(&self) -> Result<RTensor> {
+        self.softmax(D::Minus1)
+    }
+    /// Log-softmax over `dim` (candle-nn's `ops::log_softmax` composition).
+    pub fn log_softmax<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let d = dim.to_index(self.shape(), "log-softmax")?;
+        let max = self.max_keepdim(d)?;
+        let diff = self.broadcast_sub(&max)?;
+        let sum_exp = diff.exp()?.sum_keepdim(d)?;
+        diff.broadcast_sub(&sum_exp.log()?)
+    }
+    /// Dropout with probability `p`, its mask drawn from a seed recorded in the op
+    /// (so a rematerialization replays the same mask). See [`dropout_mask`].
+    pub fn dropout(&self, p: f32) -> Result<RTensor> {
+        if !(0. ..1.).contains(&p) {
+            return Err(Error::Unsupported {
+                op: "dropout",
+                message: format!("probability {p} is not in [0, 1)"),
+            });
+        }
+        let seed = self.h.ctx.next_dropout_seed();
+        self.dropout_with_seed(p, seed)
+    }
+    /// Dropout with an explicit seed.
+    pub fn dropout_with_seed(&self, p: f32, seed: u64) -> Result<RTensor> {
+        op1(
+            self,
+            "dropout",
+            false,
+            move |x| x.mul(&dropout_mask(seed, x.shape(), p, x.dtype(), x.device())?),
+            move |x, _, g| g.mul(&dropout_mask(seed, x.shape(), p, x.dtype(), x.device())?),
+        )
+    }
+}
+
+/// candle's `Shape::broadcast_shape_matmul` (crate-private there).
+fn broadcast_shape_matmul(lhs: &Shape, rhs: &Shape) -> Result<(Shape, Shape)> {
+    let (ld, rd) = (lhs.dims(), rhs.dims());
+    if ld.len() < 2 || rd.len() < 2 {
+        return Err(Error::Unsupported {
+            op: "broadcast_matmul",
+            message: format!("only 2d matrixes are supported {lhs:?} {rhs:?}"),
+        });
+    }
+    let (m, lk) = (ld[ld.len() - 2], ld[ld.len() - 1]);
+    let (rk, n) = (rd[rd.len() - 2], rd[rd.len() - 1]);
+    if lk != rk {
+        return Err(Error::Unsupported {
+            op: "broadcast_matmul",
+            message: format!("different inner dimensions {lhs:?} {rhs:?}"),
+        });
+    }
+    let lb = Shape::from(&ld[..ld.len() - 2]);
+    let rb = Shape::from(&rd[..rd.len() - 2]);
+    let b = lb.broadcast_shape_binary_op(&rb, "broadcast_matmul")?;
+    let bd = b.dims();
+    Ok((
+        Shape::from([bd, &[m, lk]].concat()),
+        Shape::from([bd, &[rk, n]].concat()),
+    ))
+}
+
+fn cat_group(args: &[&RTensor], dim: usize) -> Result<RTensor> {
+    let lens: Vec<usize> = args.iter().map(|t| t.dims()[dim]).collect();
+    apply(
+        "cat",
+        args,
+        Arc::new(move |x: &[Tensor]| Tensor::cat(x, dim)),
+        Arc::new(move |_: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+            let mut start = 0;
+            let mut grads = Vec::with_capacity(lens.len());
+            for &len in &lens {
+                grads.push(Some(g.narrow(dim, start, len)?));
+                start += len;
+            }
+            Ok(grads)
+        }),
+        false,
+    )
+}
+
+/// The dropout mask for `seed`: `(u >= p) / (1 - p)` with `u` uniform in `[0, 1)`
+/// from SplitMix64, one draw per element in row-major order. Deterministic, so a
+/// plain-candle model can reproduce it (`x * mask`) and a replay gets the same mask.
+pub fn dropout_mask(
+    seed: u64,
+    shape: &Shape,
+    p: f32,
+    dtype: DType,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let n = shape.elem_count();
+    let mut state = seed;
+    let scale = 1.0 / (1.0 - p);
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let u = (z >> 40) as f32 / (1u64 << 24) as f32;
+        v.push(if u >= p { scale } else { 0.0 });
+    }
+    Tensor::from_vec(v, shape, device)?.to_dtype(dtype)
+}
+
+macro_rules! bin_trait {
+    ($trait:ident, $fn:ident, $method:ident, $scalar:expr) => {
+        impl std::ops::$trait<&RTensor> for &RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: &RTensor) -> Result<RTensor> {
+                self.$method(rhs)
+            }
+        }
+        impl std::ops::$trait<RTensor> for RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: RTensor) -> Result<RTensor> {
+                (&self).$method(&rhs)
+            }
+        }
+        impl std::ops::$trait<&RTensor> for RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: &RTensor) -> Result<RTensor> {
+                (&self).$method(rhs)
+            }
+        }
+        impl std::ops::$trait<f64> for &RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: f64) -> Result<RTensor> {
+                let (m, a) = $scalar(rhs);
+                self.affine(m, a)
+            }
+        }
+        impl std::ops::$trait<f64> for RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: f64) -> Result<RTensor> {
+                let (m, a) = $scalar(rhs);
+                self.affine(m, a)
+            }
+        }
+    };
+}
+
+bin_trait!(Add, add, add, |v: f64| (1., v));
+bin_trait!(Sub, sub, sub, |v: f64| (1., -v));
+bin_trait!(Mul, mul, mul, |v: f64| (v, 0.));
+bin_trait!(Div, div, div, |v: f64| (1. / v, 0.));

@@ -1,0 +1,485 @@
+//! Per-op gradient equality: every adapter op against plain candle, bit for bit,
+//! with its inputs resident and with every intermediate evicted before backward.
+
+#![allow(clippy::cloned_ref_to_slice_refs)] // `&[a.clone()]` reads better in the op table
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use common::{bits, rand};
+use remat_candle::{dropout_mask, RTensor, Remat, RematConfig};
+
+type PlainFn = dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
+type OursFn = dyn Fn(&[RTensor]) -> remat_candle::Result<RTensor>;
+
+/// Run `plain` on candle variables and `ours` on the same variables through the
+/// adapter; compare outputs, losses and gradients bit for bit. Each input first
+/// goes through an affine op (so it is an evictable intermediate); with `evict`,
+/// every intermediate and the output are evicted before backward.
+fn check(name: &str, inputs: &[Tensor], plain: &PlainFn, ours: &OursFn, evict: bool) {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    // Plain candle.
+    let pa: Vec<Tensor> = vars
+        .iter()
+        .map(|v| v.as_tensor().affine(1.5, 0.25).unwrap())
+        .collect();
+    let py = plain(&pa).unwrap();
+    let w = rand(99, py.dims(), -1.0, 1.0).to_dtype(py.dtype()).unwrap();
+    let ploss = py.mul(&w).unwrap().sum_all().unwrap();
+    let pgrads = ploss.backward().unwrap();
+
+    // Adapter.
+    let remat = Remat::new(RematConfig::new()).unwrap();
+    let params: Vec<RTensor> = vars.iter().map(|v| remat.param(v).unwrap()).collect();
+    let ra: Vec<RTensor> = params
+        .iter()
+        .map(|p| p.affine(1.5, 0.25).unwrap())
+        .collect();
+    let ry = ours(&ra).unwrap();
+    let rw = remat.input(&w).unwrap();
+    let prod = ry.mul(&rw).unwrap();
+    let rloss = prod.sum_all().unwrap();
+    assert_eq!(
+        bits(&ry.to_candle().unwrap()),
+        bits(&py),
+        "{name}: forward output differs"
+    );
+    if evict {
+        let mut evicted = 0;
+        for t in ra.iter().chain([&ry, &prod]) {
+            if t.evict().unwrap() {
+                evicted += 1;
+            }
+        }
+        assert!(
+            evicted >= ra.len(),
+            "{name}: intermediates were not evicted"
+        );
+        assert!(!ra[0].is_resident().unwrap());
+    }
+    let rgrads = rloss.backward().unwrap();
+    assert_eq!(
+        bits(&rloss.to_candle().unwrap()),
+        bits(&ploss),
+        "{name}: loss differs"
+    );
+    for (i, v) in vars.iter().enumerate() {
+        let pg = pgrads.get(v.as_tensor());
+        let rg = rgrads.get(v.as_tensor());
+        match (pg, rg) {
+            (Some(p), Some(r)) => {
+                assert_eq!(p.dims(), r.dims(), "{name}: grad {i} shape");
+                assert_eq!(
+                    bits(r),
+                    bits(p),
+                    "{name}: grad of input {i} differs (evict={evict})"
+                );
+            }
+            (None, None) => {}
+            (p, r) => panic!(
+                "{name}: grad {i} present in plain {} / ours {}",
+                p.is_some(),
+                r.is_some()
+            ),
+        }
+    }
+    if evict {
+        let s = remat.stats().unwrap();
+        assert!(
+            s.rematerializations > 0,
+            "{name}: nothing was rematerialized"
+        );
+    }
+    remat.check_invariants().unwrap();
+    drop((rgrads, rloss, prod, rw, ry, ra, params));
+    remat.flush().unwrap();
+    assert_eq!(remat.storage_count().unwrap(), 0, "{name}: records leaked");
+}
+
+fn both(name: &str, inputs: &[Tensor], plain: &PlainFn, ours: &OursFn) {
+    check(name, inputs, plain, ours, false);
+    check(name, inputs, plain, ours, true);
+}
+
+fn m(shape: &[usize], seed: u64) -> Tensor {
+    rand(seed, shape, -2.0, 2.0)
+}
+
+fn pos(shape: &[usize], seed: u64) -> Tensor {
+    rand(seed, shape, 0.5, 3.0)
+}
+
+#[test]
+fn binary_ops() {
+    let (a, b) = (m(&[3, 4], 1), m(&[3, 4], 2));
+    both("add", &[a.clone(), b.clone()], &|x| x[0].add(&x[1]), &|x| {
+        x[0].add(&x[1])
+    });
+    both("sub", &[a.clone(), b.clone()], &|x| x[0].sub(&x[1]), &|x| {
+        x[0].sub(&x[1])
+    });
+    both("mul", &[a.clone(), b.clone()], &|x| x[0].mul(&x[1]), &|x| {
+        x[0].mul(&x[1])
+    });
+    both(
+        "div",
+        &[a.clone(), pos(&[3, 4], 3)],
+        &|x| x[0].div(&x[1]),
+        &|x| x[0].div(&x[1]),
+    );
+    // Ties between the two sides exercise the half-gradient rule.
+    let tie = Tensor::cat(&[a.narrow(0, 0, 2).unwrap(), b.narrow(0, 2, 1).unwrap()], 0).unwrap();
+    both(
+        "maximum",
+        &[a.clone(), tie.clone()],
+        &|x| x[0].maximum(&x[1]),
+        &|x| x[0].maximum(&x[1]),
+    );
+    both(
+        "minimum",
+        &[a.clone(), tie],
+        &|x| x[0].minimum(&x[1]),
+        &|x| x[0].minimum(&x[1]),
+    );
+    both(
+        "same input twice",
+        &[a.clone()],
+        &|x| x[0].mul(&x[0]),
+        &|x| x[0].mul(&x[0]),
+    );
+}
+
+#[test]
+fn broadcast_ops() {
+    let (a, row, col) = (m(&[3, 4], 4), m(&[4], 5), pos(&[3, 1], 6));
+    both(
+        "broadcast_add",
+        &[a.clone(), row.clone()],
+        &|x| x[0].broadcast_add(&x[1]),
+        &|x| x[0].broadcast_add(&x[1]),
+    );
+    both(
+        "broadcast_sub",
+        &[row.clone(), a.clone()],
+        &|x| x[0].broadcast_sub(&x[1]),
+        &|x| x[0].broadcast_sub(&x[1]),
+    );
+    both(
+        "broadcast_mul",
+        &[a.clone(), col.clone()],
+        &|x| x[0].broadcast_mul(&x[1]),
+        &|x| x[0].broadcast_mul(&x[1]),
+    );
+    both(
+        "broadcast_div",
+        &[a.clone(), col],
+        &|x| x[0].broadcast_div(&x[1]),
+        &|x| x[0].broadcast_div(&x[1]),
+    );
+    both(
+        "broadcast_maximum",
+        &[a, row],
+        &|x| x[0].broadcast_maximum(&x[1]),
+        &|x| x[0].broadcast_maximum(&x[1]),
+    );
+}
+
+#[test]
+fn matmuls() {
+    both(
+        "matmul",
+        &[m(&[2, 3, 5], 7), m(&[2, 5, 4], 8)],
+        &|x| x[0].matmul(&x[1]),
+        &|x| x[0].matmul(&x[1]),
+    );
+    both(
+        "matmul transposed rhs",
+        &[m(&[3, 5], 9), m(&[4, 5], 10)],
+        &|x| x[0].matmul(&x[1].t()?),
+        &|x| x[0].matmul(&x[1].t()?),
+    );
+    both(
+        "broadcast_matmul rank-2 rhs",
+        &[m(&[2, 3, 5], 11), m(&[5, 4], 12)],
+        &|x| x[0].broadcast_matmul(&x[1]),
+        &|x| x[0].broadcast_matmul(&x[1]),
+    );
+    both(
+        "broadcast_matmul both",
+        &[m(&[2, 1, 3, 5], 13), m(&[3, 5, 4], 14)],
+        &|x| x[0].broadcast_matmul(&x[1]),
+        &|x| x[0].broadcast_matmul(&x[1]),
+    );
+}
+
+#[test]
+fn unary_ops() {
+    let a = m(&[4, 6], 20);
+    let p = pos(&[4, 6], 21);
+    both("exp", &[a.clone()], &|x| x[0].exp(), &|x| x[0].exp());
+    both("log", &[p.clone()], &|x| x[0].log(), &|x| x[0].log());
+    both("sqr", &[a.clone()], &|x| x[0].sqr(), &|x| x[0].sqr());
+    both("sqrt", &[p.clone()], &|x| x[0].sqrt(), &|x| x[0].sqrt());
+    both("recip", &[p], &|x| x[0].recip(), &|x| x[0].recip());
+    both("neg", &[a.clone()], &|x| x[0].neg(), &|x| x[0].neg());
+    both("abs", &[a.clone()], &|x| x[0].abs(), &|x| x[0].abs());
+    both("tanh", &[a.clone()], &|x| x[0].tanh(), &|x| x[0].tanh());
+    both("relu", &[a.clone()], &|x| x[0].relu(), &|x| x[0].relu());
+    both("gelu", &[a.clone()], &|x| x[0].gelu(), &|x| x[0].gelu());
+    both("gelu_erf", &[a.clone()], &|x| x[0].gelu_erf(), &|x| {
+        x[0].gelu_erf()
+    });
+    both("silu", &[a.clone()], &|x| x[0].silu(), &|x| x[0].silu());
+    both(
+        "sigmoid",
+        &[a.clone()],
+        &|x| candle_nn::ops::sigmoid(&x[0]),
+        &|x| x[0].sigmoid(),
+    );
+    both("powf", &[pos(&[4, 6], 22)], &|x| x[0].powf(2.5), &|x| {
+        x[0].powf(2.5)
+    });
+    both("affine", &[a.clone()], &|x| x[0].affine(-0.5, 3.0), &|x| {
+        x[0].affine(-0.5, 3.0)
+    });
+    both(
+        "scalar ops",
+        &[a.clone()],
+        &|x| (((&x[0] + 1.0)? * 2.0)? - 0.5)? / 3.0,
+        &|x| (((&x[0] + 1.0)? * 2.0)? - 0.5)? / 3.0,
+    );
+    both(
+        "to_dtype f64",
+        &[a],
+        &|x| x[0].to_dtype(DType::F64)?.sqr(),
+        &|x| x[0].to_dtype(DType::F64)?.sqr(),
+    );
+}
+
+#[test]
+fn reductions() {
+    let a = m(&[3, 4, 5], 30);
+    both(
+        "sum_keepdim",
+        &[a.clone()],
+        &|x| x[0].sum_keepdim(1),
+        &|x| x[0].sum_keepdim(1),
+    );
+    both("sum two dims", &[a.clone()], &|x| x[0].sum((0, 2)), &|x| {
+        x[0].sum((0, 2))
+    });
+    both("sum_all", &[a.clone()], &|x| x[0].sum_all(), &|x| {
+        x[0].sum_all()
+    });
+    both("mean", &[a.clone()], &|x| x[0].mean(2), &|x| x[0].mean(2));
+    both(
+        "mean_keepdim",
+        &[a.clone()],
+        &|x| x[0].mean_keepdim(0),
+        &|x| x[0].mean_keepdim(0),
+    );
+    both("mean_all", &[a.clone()], &|x| x[0].mean_all(), &|x| {
+        x[0].mean_all()
+    });
+    both("max", &[a.clone()], &|x| x[0].max(1), &|x| x[0].max(1));
+    both(
+        "max_keepdim",
+        &[a.clone()],
+        &|x| x[0].max_keepdim(2),
+        &|x| x[0].max_keepdim(2),
+    );
+    both("min", &[a.clone()], &|x| x[0].min(D::Minus1), &|x| {
+        x[0].min(D::Minus1)
+    });
+    both(
+        "softmax",
+        &[a.clone()],
+        &|x| candle_nn::ops::softmax(&x[0], D::Minus1),
+        &|x| x[0].softmax(D::Minus1),
+    );
+    both(
+        "softmax dim 1",
+        &[a.clone()],
+        &|x| candle_nn::ops::softmax(&x[0], 1),
+        &|x| x[0].softmax(1),
+    );
+    both(
+        "log_softmax",
+        &[a],
+        &|x| candle_nn::ops::log_softmax(&x[0], 1),
+        &|x| x[0].log_softmax(1),
+    );
+}
+
+#[test]
+fn convolutions_and_pooling() {
+    both(
+        "conv1d",
+        &[m(&[2, 3, 9], 40), m(&[4, 3, 3], 41)],
+        &|x| x[0].conv1d(&x[1], 1, 1, 1, 1),
+        &|x| x[0].conv1d(&x[1], 1, 1, 1),
+    );
+    both(
+        "conv1d stride 2",
+        &[m(&[2, 3, 10], 42), m(&[4, 3, 3], 43)],
+        &|x| x[0].conv1d(&x[1], 0, 2, 1, 1),
+        &|x| x[0].conv1d(&x[1], 0, 2, 1),
+    );
+    both(
+        "conv2d",
+        &[m(&[2, 3, 8, 8], 44), m(&[5, 3, 3, 3], 45)],
+        &|x| x[0].conv2d(&x[1], 1, 1, 1, 1),
+        &|x| x[0].conv2d(&x[1], 1, 1, 1),
+    );
+    both(
+        "conv2d stride 2 dilation 2",
+        &[m(&[1, 2, 9, 9], 46), m(&[3, 2, 3, 3], 47)],
+        &|x| x[0].conv2d(&x[1], 0, 2, 2, 1),
+        &|x| x[0].conv2d(&x[1], 0, 2, 2),
+    );
+    both(
+        "max_pool2d",
+        &[m(&[2, 3, 8, 8], 48)],
+        &|x| x[0].max_pool2d(2),
+        &|x| x[0].max_pool2d(2),
+    );
+    both(
+        "avg_pool2d",
+        &[m(&[2, 3, 8, 8], 49)],
+        &|x| x[0].avg_pool2d(2),
+        &|x| x[0].avg_pool2d(2),
+    );
+}
+
+#[test]
+fn views_and_cat() {
+    let a = m(&[4, 6], 50);
+    both(
+        "reshape",
+        &[a.clone()],
+        &|x| x[0].reshape((2, 12))?.exp(),
+        &|x| x[0].reshape((2, 12))?.exp(),
+    );
+    both(
+        "transpose + reshape (copy)",
+        &[a.clone()],
+        &|x| x[0].t()?.reshape(24)?.exp(),
+        &|x| x[0].t()?.reshape(24)?.exp(),
+    );
+    both(
+        "narrow",
+        &[a.clone()],
+        &|x| x[0].narrow(1, 2, 3)?.sqr(),
+        &|x| x[0].narrow(1, 2, 3)?.sqr(),
+    );
+    both(
+        "contiguous",
+        &[a.clone()],
+        &|x| x[0].t()?.contiguous(),
+        &|x| x[0].t()?.contiguous(),
+    );
+    both(
+        "unsqueeze/squeeze",
+        &[a.clone()],
+        &|x| x[0].unsqueeze(0)?.squeeze(0)?.tanh(),
+        &|x| x[0].unsqueeze(0)?.squeeze(0)?.tanh(),
+    );
+    both(
+        "cat 2",
+        &[a.clone(), m(&[4, 2], 51)],
+        &|x| Tensor::cat(&[&x[0], &x[1]], 1),
+        &|x| RTensor::cat(&[&x[0], &x[1]], 1),
+    );
+    let five: Vec<Tensor> = (0..5).map(|i| m(&[2, 3], 60 + i)).collect();
+    both("cat 5", &five, &|x| Tensor::cat(x, 0), &|x| {
+        let refs: Vec<&RTensor> = x.iter().collect();
+        RTensor::cat(&refs, 0)
+    });
+}
+
+#[test]
+fn indexing() {
+    let ids = Tensor::new(&[3u32, 0, 3, 1, 4], &Device::Cpu).unwrap();
+    let ids2 = ids.clone();
+    both(
+        "index_select",
+        &[m(&[5, 4], 70)],
+        &move |x| x[0].index_select(&ids, 0),
+        &move |x| {
+            let r = x[0].remat().input(&ids2)?;
+            x[0].index_select(&r, 0)
+        },
+    );
+    let g = Tensor::new(&[[1u32], [0], [2]], &Device::Cpu).unwrap();
+    let g2 = g.clone();
+    both(
+        "gather",
+        &[m(&[3, 4], 71)],
+        &move |x| x[0].gather(&g, 1),
+        &move |x| {
+            let r = x[0].remat().input(&g2)?;
+            x[0].gather(&r, 1)
+        },
+    );
+}
+
+#[test]
+fn dropout_replays_its_mask() {
+    let seed = 1234;
+    both(
+        "dropout",
+        &[m(&[8, 16], 80)],
+        &move |x| {
+            x[0].mul(&dropout_mask(
+                seed,
+                x[0].shape(),
+                0.3,
+                x[0].dtype(),
+                x[0].device(),
+            )?)
+        },
+        &move |x| x[0].dropout_with_seed(0.3, seed),
+    );
+    // Seeds drawn by the context are recorded: a replay gives the same values.
+    let remat = Remat::new(RematConfig::new()).unwrap();
+    let x = remat.input(&m(&[64], 81)).unwrap();
+    let y = x.affine(1.0, 1.0).unwrap().dropout(0.5).unwrap();
+    let first = y.to_vec1::<f32>().unwrap();
+    assert!(first.contains(&0.0) && first.iter().any(|v| *v != 0.0));
+    assert!(y.evict().unwrap());
+    let again = y.to_vec1::<f32>().unwrap();
+    assert_eq!(
+        first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        again.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(y.recompute_count().unwrap(), 1);
+    // A second dropout call draws another seed: another mask.
+    let z = x.affine(1.0, 1.0).unwrap().dropout(0.5).unwrap();
+    assert_ne!(z.to_vec1::<f32>().unwrap(), first);
+}
+
+#[test]
+fn layer_norm_composition() {
+    let (x, w, b) = (m(&[3, 8], 90), m(&[8], 91), m(&[8], 92));
+    let plain = |x: &[Tensor]| -> candle_core::Result<Tensor> {
+        // candle-nn's LayerNorm::forward (non-fused path).
+        let h = x[0].dim(D::Minus1)? as f64;
+        let mean = (x[0].sum_keepdim(D::Minus1)? / h)?;
+        let xc = x[0].broadcast_sub(&mean)?;
+        let var = (xc.sqr()?.sum_keepdim(D::Minus1)? / h)?;
+        let xn = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+        xn.broadcast_mul(&x[1])?.broadcast_add(&x[2])
+    };
+    let ours = |x: &[RTensor]| -> remat_candle::Result<RTensor> {
+        let h = x[0].dim(D::Minus1)? as f64;
+        let mean = (x[0].sum_keepdim(D::Minus1)? / h)?;
+        let xc = x[0].broadcast_sub(&mean)?;
+        let var = (xc.sqr()?.sum_keepdim(D::Minus1)? / h)?;
+        let xn = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+        xn.broadcast_mul(&x[1])?.broadcast_add(&x[2])
+    };
+    both("layer norm", &[x, w, b], &plain, &ours);
+}
