@@ -537,21 +537,7 @@ mod tests {
     /// scratch buffer, and one output kept into the next iteration.
     fn iteration<D: Device>(a: &PlannedArena<D>, kept: &mut Option<ArenaAllocation>) {
         a.begin_iteration().unwrap();
-        let acts: Vec<_> = [3 * MB, 5 * MB, 700 << 10, 9 * MB]
-            .iter()
-            .map(|&n| a.malloc(n, S).unwrap())
-            .collect();
-        let scratch = a.malloc(2 * MB, S).unwrap();
-        a.free(scratch).unwrap();
-        for x in acts.into_iter().rev() {
-            let g = a.malloc(x.requested(), S).unwrap();
-            a.free(x).unwrap();
-            a.free(g).unwrap();
-        }
-        if let Some(old) = kept.take() {
-            a.free(old).unwrap();
-        }
-        *kept = Some(a.malloc(MB, S).unwrap()); // outlives the iteration: from the cache
+        iteration_body(a, kept);
     }
 
     #[test]
