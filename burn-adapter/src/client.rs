@@ -1,0 +1,576 @@
+//! [`DtrClient`]: the router client of a DTR device. Every op the router sends is
+//! run on burn's IR runner and recorded in a remat-dtr [`Runtime`]; the runtime
+//! decides which results stay resident.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use burn_backend::backend::ExecutionError;
+use burn_backend::{DType, DTypeUsageSet, Shape, TensorData};
+use burn_ir::{BackendIr, OperationIr, TensorId, TensorIr, TensorStatus};
+use burn_router::{RouterTensor, RunnerClient};
+use remat_dtr::{
+    make_policy, DtrConfig, LogicalBudget, MemoryUsage, OutputSpec, Runtime, RuntimeStats,
+};
+
+use crate::cost::{tensor_bytes, CostModel};
+use crate::device::{options_of, DtrDevice};
+use crate::error::{Error, Result};
+use crate::op::{is_recomputable, is_view, with_views, Chain, IrOp, Resident, Shared};
+
+/// Figures of one DTR device.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DtrStats {
+    /// The runtime's counters (evictions, rematerializations, compute time…).
+    pub runtime: RuntimeStats,
+    /// The memory model's figures (allocated / reserved bytes and their peaks).
+    pub memory: MemoryUsage,
+    /// Storage records the runtime keeps (resident, evicted, fake-deleted).
+    pub records: usize,
+    /// Live burn tensors known to the device.
+    pub tensors: usize,
+    /// Inner tensors currently held (resident storages).
+    pub resident: usize,
+    /// Ops run (first executions, not replays).
+    pub ops: u64,
+    /// View ops recorded as aliases.
+    pub views: u64,
+    /// Uploads of data (external, never evicted).
+    pub uploads: u64,
+    /// Non-recomputable ops run (random, empty): never evicted.
+    pub non_recomputable: u64,
+}
+
+impl fmt::Display for DtrStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ops {} (views {}, uploads {}, non-recomputable {}), evictions {}, \
+             rematerializations {}, peak allocated {} B, records {}, tensors {}, resident {}",
+            self.ops,
+            self.views,
+            self.uploads,
+            self.non_recomputable,
+            self.runtime.evictions,
+            self.runtime.rematerializations,
+            self.memory.peak_allocated,
+            self.records,
+            self.tensors,
+            self.resident
+        )
+    }
+}
+
+/// A live burn tensor: its runtime tensor (one handle held) and, for views, how
+/// it derives from its storage's base.
+#[derive(Clone)]
+struct Entry {
+    t: remat_dtr::TensorId,
+    chain: Option<Arc<Chain>>,
+    /// The storage is a root: external data, a non-recomputable op's output, or
+    /// sealed by [`DtrClient::seal`].
+    root: bool,
+}
+
+struct State<B: BackendIr> {
+    rt: Runtime<Resident<B>>,
+    entries: HashMap<TensorId, Entry>,
+    /// The first error met; while set, ops are skipped (drops still release).
+    error: Option<Error>,
+    cost: CostModel,
+    ops: u64,
+    views: u64,
+    uploads: u64,
+    non_recomputable: u64,
+}
+
+/// The client of one DTR device (a [`burn_router::RunnerClient`]).
+pub struct DtrClient<B: BackendIr> {
+    state: Arc<Mutex<State<B>>>,
+    shared: Arc<Shared<B>>,
+    device: DtrDevice<B>,
+}
+
+impl<B: BackendIr> Clone for DtrClient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            shared: self.shared.clone(),
+            device: self.device.clone(),
+        }
+    }
+}
+
+impl<B: BackendIr> fmt::Debug for DtrClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DtrClient")
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+fn execution_error(e: &Error) -> ExecutionError {
+    ExecutionError::WithContext {
+        reason: format!("remat-burn: {e}"),
+    }
+}
+
+impl<B: BackendIr> DtrClient<B> {
+    /// The client of `device`, with a runtime built from the device's options. A
+    /// bad configuration poisons the client (reported on the first read or sync).
+    pub(crate) fn new(device: &DtrDevice<B>) -> Self {
+        let mut error = None;
+        let (rt, cost) = match options_of(device.slot())
+            .and_then(|o| Ok((Runtime::new(o.config)?, o.cost)))
+        {
+            Ok(x) => x,
+            Err(e) => {
+                error = Some(e);
+                let config = DtrConfig::default();
+                let policy = make_policy(config.policy, &config);
+                let rt = Runtime::with_parts(config, Box::new(LogicalBudget::new(None)), policy);
+                (rt, CostModel::default())
+            }
+        };
+        Self {
+            state: Arc::new(Mutex::new(State {
+                rt,
+                entries: HashMap::new(),
+                error,
+                cost,
+                ops: 0,
+                views: 0,
+                uploads: 0,
+                non_recomputable: 0,
+            })),
+            shared: Arc::new(Shared::new(device.inner().clone())),
+            device: device.clone(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        // A panic inside an op leaves the maps consistent enough to report and
+        // release: ignore poisoning.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counters and memory figures.
+    pub fn stats(&self) -> DtrStats {
+        let st = self.lock();
+        DtrStats {
+            runtime: st.rt.stats().clone(),
+            memory: st.rt.memory_usage(),
+            records: st.rt.storage_count(),
+            tensors: st.entries.len(),
+            resident: self.shared.owned(),
+            ops: st.ops,
+            views: st.views,
+            uploads: st.uploads,
+            non_recomputable: st.non_recomputable,
+        }
+    }
+
+    /// Take the error that poisoned the client.
+    pub fn take_error(&self) -> Option<Error> {
+        self.lock().error.take()
+    }
+
+    /// Check the runtime's invariants.
+    pub fn check_invariants(&self) -> Result<()> {
+        Ok(self.lock().rt.check_invariants()?)
+    }
+
+    /// Evict everything evictable; returns how many storages were evicted.
+    pub fn evict_all(&self) -> Result<usize> {
+        let mut st = self.lock();
+        let ts: Vec<remat_dtr::TensorId> = st.entries.values().map(|e| e.t).collect();
+        let mut n = 0;
+        for t in ts {
+            if st.rt.evict(t)? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Make every live tensor a root: its current value becomes external data of
+    /// the runtime (never evicted) and the compute paths behind it are dropped.
+    ///
+    /// Call it between training steps. Burn's optimizers are functional: each
+    /// step computes new parameters from the old ones, so without a seal the
+    /// parameters' lineage (and every upload it reads) would stay recorded, and
+    /// non-recomputable inputs resident, for the whole run. Returns how many
+    /// storages were sealed.
+    pub fn seal(&self) -> Result<usize> {
+        let mut st = self.lock();
+        let sealed = st.seal(&self.shared);
+        if let Err(e) = &sealed {
+            // Tensors may be half-moved: keep the device from going on silently.
+            st.poison(Error::Poisoned(format!("seal failed: {e}")));
+        }
+        sealed
+    }
+}
+
+impl<B: BackendIr> State<B> {
+    fn seal(&mut self, shared: &Arc<Shared<B>>) -> Result<usize> {
+        let st = self;
+        if let Some(e) = &st.error {
+            return Err(Error::Poisoned(e.to_string()));
+        }
+        let mut groups: HashMap<remat_dtr::TensorId, Vec<TensorId>> = HashMap::new();
+        for (id, e) in &st.entries {
+            if !e.root {
+                groups.entry(e.t).or_default().push(*id);
+            }
+        }
+        let n = groups.len();
+        for (t, ids) in groups {
+            // Resident now, with its base's description.
+            st.rt.pin(t)?;
+            let base = st
+                .rt
+                .peek(t)?
+                .map(|r| r.ir().clone())
+                .ok_or_else(|| Error::Unsupported("pinned storage not resident".into()))?;
+            let bytes = st.rt.bytes(t)?;
+            // The new guard takes over the runner handle before the old one goes.
+            let value = shared.adopt_forced(&base);
+            st.rt.unpin(t)?;
+            for _ in &ids {
+                st.rt.release(t)?;
+            }
+            let root = st.rt.put(value, bytes)?;
+            for (k, id) in ids.iter().enumerate() {
+                if k > 0 {
+                    st.rt.retain(root)?;
+                }
+                if let Some(e) = st.entries.get_mut(id) {
+                    e.t = root;
+                    e.root = true;
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl<B: BackendIr> DtrClient<B> {
+    /// Make `ir`'s value available in the runner under `ir.id` and run `f` with
+    /// the read-only description of it (the view is removed afterwards).
+    fn with_value<T>(&self, ir: &TensorIr, f: impl FnOnce(TensorIr) -> T) -> Result<T> {
+        let mut st = self.lock();
+        let out = st.read(&self.shared, ir, f);
+        // A consumed tensor (`ReadWrite`) gets no drop op: release it even when
+        // the read failed, so that no record is left behind.
+        if ir.status == TensorStatus::ReadWrite && st.entries.contains_key(&ir.id) {
+            let released = st.release(ir.id);
+            if out.is_ok() {
+                released?;
+            }
+        }
+        out
+    }
+
+    /// The inner handle of `ir` (used when moving a tensor between devices).
+    pub(crate) fn handle(&self, ir: &TensorIr) -> Result<B::Handle> {
+        self.with_value(ir, |ro| self.shared.runner.get_tensor_handle(&ro))
+    }
+
+    /// Take ownership of `handle`, already registered in the runner as `ir`, as
+    /// external data.
+    fn put(&self, ir: &TensorIr) {
+        let mut st = self.lock();
+        let value = self.shared.adopt(ir);
+        let bytes = (tensor_bytes(ir) as u64).max(1);
+        match st.rt.put(value, bytes) {
+            Ok(t) => {
+                st.entries.insert(
+                    ir.id,
+                    Entry {
+                        t,
+                        chain: None,
+                        root: true,
+                    },
+                );
+                st.uploads += 1;
+            }
+            Err(e) => st.poison(e.into()),
+        }
+    }
+
+    /// Register an inner handle (a tensor moved in from another device).
+    pub(crate) fn register_handle(
+        &self,
+        handle: B::Handle,
+        shape: Shape,
+        dtype: DType,
+    ) -> RouterTensor<Self> {
+        let tensor = self
+            .shared
+            .runner
+            .register_tensor(handle, shape.clone(), dtype, self.clone());
+        let ir = TensorIr {
+            id: tensor_id(&tensor),
+            shape,
+            status: TensorStatus::ReadWrite,
+            dtype,
+        };
+        self.put(&ir);
+        tensor
+    }
+}
+
+/// The id of a router tensor (its IR without consuming it).
+fn tensor_id<C: RunnerClient>(t: &RouterTensor<C>) -> TensorId {
+    t.clone().into_ir().id
+}
+
+impl<B: BackendIr> State<B> {
+    /// Pin `ir`'s storage, materialize it under its id and run `f` on its
+    /// read-only description.
+    fn read<T>(
+        &mut self,
+        shared: &Shared<B>,
+        ir: &TensorIr,
+        f: impl FnOnce(TensorIr) -> T,
+    ) -> Result<T> {
+        if let Some(e) = &self.error {
+            return Err(Error::Poisoned(e.to_string()));
+        }
+        let entry = self.entry(ir.id)?;
+        self.rt.pin(entry.t)?;
+        let mut ro = ir.clone();
+        ro.status = TensorStatus::ReadOnly;
+        let chains: Vec<Arc<Chain>> = entry.chain.iter().cloned().collect();
+        let out = with_views(shared, &chains, || f(ro));
+        self.rt.unpin(entry.t)?;
+        Ok(out)
+    }
+
+    fn entry(&self, id: TensorId) -> Result<Entry> {
+        self.entries
+            .get(&id)
+            .cloned()
+            .ok_or(Error::UnknownTensor(id.value()))
+    }
+
+    fn poison(&mut self, e: Error) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+
+    /// Drop the burn tensor `id`: release its runtime handle.
+    fn release(&mut self, id: TensorId) -> Result<()> {
+        let entry = self
+            .entries
+            .remove(&id)
+            .ok_or(Error::UnknownTensor(id.value()))?;
+        self.rt.release(entry.t)?;
+        Ok(())
+    }
+
+    fn execute(&mut self, shared: &Arc<Shared<B>>, op: OperationIr) -> Result<()> {
+        match &op {
+            OperationIr::Drop(ir) => {
+                return match self.release(ir.id) {
+                    // Tensors of ops that failed were never registered: dropping
+                    // them is a no-op (also after the error was taken).
+                    Err(Error::UnknownTensor(_)) => Ok(()),
+                    r => r,
+                };
+            }
+            OperationIr::Init(_) => return Ok(()),
+            _ => {}
+        }
+        let mut consumed: Vec<TensorId> = op
+            .inputs()
+            .filter(|t| t.status == TensorStatus::ReadWrite)
+            .map(|t| t.id)
+            .collect();
+        consumed.sort_unstable_by_key(|id| id.value());
+        consumed.dedup();
+        let result = if self.error.is_some() {
+            Ok(())
+        } else if is_view(&op) {
+            self.view(op)
+        } else {
+            self.compute(shared, op)
+        };
+        for id in consumed {
+            match self.release(id) {
+                Err(e) if result.is_ok() && self.error.is_none() => return Err(e),
+                _ => {}
+            }
+        }
+        result
+    }
+
+    /// A view: a new name on its input's storage (no compute, no bytes).
+    fn view(&mut self, mut op: OperationIr) -> Result<()> {
+        let (input, out) = match (op.inputs().next(), op.outputs().next()) {
+            (Some(i), Some(o)) => (i.id, o.id),
+            _ => return Err(Error::Unsupported("view without input or output".into())),
+        };
+        let parent = self.entry(input)?;
+        op.mark_read_only(&[input]);
+        let chain = Arc::new(Chain::extend(parent.chain.as_deref(), op));
+        self.rt.retain(parent.t)?;
+        self.entries.insert(
+            out,
+            Entry {
+                t: parent.t,
+                chain: Some(chain),
+                root: parent.root,
+            },
+        );
+        self.views += 1;
+        self.ops += 1;
+        Ok(())
+    }
+
+    /// Run `op` on the runner and record it as the compute path of its outputs.
+    fn compute(&mut self, shared: &Arc<Shared<B>>, mut op: OperationIr) -> Result<()> {
+        if let OperationIr::Custom(c) = &op {
+            return Err(Error::Unsupported(format!("custom op `{}`", c.id)));
+        }
+        let mut ids: Vec<TensorId> = Vec::new();
+        for t in op.inputs() {
+            if !ids.contains(&t.id) {
+                ids.push(t.id);
+            }
+        }
+        let entries = ids
+            .iter()
+            .map(|&id| self.entry(id))
+            .collect::<Result<Vec<_>>>()?;
+        op.mark_read_only(&ids);
+        let outputs: Vec<TensorIr> = op.outputs().cloned().collect();
+        let recomputable = is_recomputable(&op);
+        let estimate = match self.cost {
+            CostModel::WallClock => None,
+            CostModel::Analytic {
+                ns_per_byte,
+                ns_per_flop,
+            } => Some(CostModel::estimate(ns_per_byte, ns_per_flop, &op)),
+        };
+        let handle = Arc::new(IrOp {
+            shared: shared.clone(),
+            op,
+            chains: entries.iter().filter_map(|e| e.chain.clone()).collect(),
+            outputs,
+            recomputable,
+        });
+        let inputs: Vec<remat_dtr::TensorId> = entries.iter().map(|e| e.t).collect();
+        // Pin every input (regenerating evicted ones) so that their handles are in
+        // the runner while the op runs.
+        for (k, &t) in inputs.iter().enumerate() {
+            if let Err(e) = self.rt.pin(t) {
+                for &u in &inputs[..k] {
+                    let _ = self.rt.unpin(u);
+                }
+                return Err(e.into());
+            }
+        }
+        let start = Instant::now();
+        let values = handle.run();
+        let wall = start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        for &t in &inputs {
+            self.rt.unpin(t)?;
+        }
+        let cost = estimate.unwrap_or(wall).max(1);
+        let specs: Vec<OutputSpec> = handle
+            .outputs
+            .iter()
+            .map(|o| OutputSpec::fresh((tensor_bytes(o) as u64).max(1)))
+            .collect();
+        let out_ids: Vec<TensorId> = handle.outputs.iter().map(|o| o.id).collect();
+        let ts = self.rt.record(handle, &inputs, &specs, values, cost)?;
+        for (id, t) in out_ids.into_iter().zip(ts) {
+            self.entries.insert(
+                id,
+                Entry {
+                    t,
+                    chain: None,
+                    root: !recomputable,
+                },
+            );
+        }
+        self.ops += 1;
+        if !recomputable {
+            self.non_recomputable += 1;
+        }
+        Ok(())
+    }
+}
+
+impl<B: BackendIr> RunnerClient for DtrClient<B> {
+    type Device = DtrDevice<B>;
+
+    fn register_op(&self, op: OperationIr) {
+        let mut st = self.lock();
+        if let Err(e) = st.execute(&self.shared, op) {
+            st.poison(e);
+        }
+    }
+
+    fn read_tensor_async(
+        &self,
+        tensor: TensorIr,
+    ) -> Pin<Box<dyn Future<Output = Result<TensorData, ExecutionError>> + Send>> {
+        match self.with_value(&tensor, |ro| self.shared.runner.read_tensor_async(ro)) {
+            Ok(fut) => fut,
+            Err(e) => {
+                let err = execution_error(&e);
+                Box::pin(async move { Err(err) })
+            }
+        }
+    }
+
+    fn sync(&self) -> Result<(), ExecutionError> {
+        B::sync(self.device.inner())?;
+        match &self.lock().error {
+            Some(e) => Err(execution_error(e)),
+            None => Ok(()),
+        }
+    }
+
+    fn create_empty_handle(&self) -> TensorId {
+        self.shared.runner.create_empty_handle()
+    }
+
+    fn register_tensor_data(&self, data: TensorData) -> RouterTensor<Self> {
+        let ir = self.shared.runner.register_tensor_data_desc(data);
+        self.put(&ir);
+        RouterTensor::new(ir.id, ir.shape, ir.dtype, self.clone())
+    }
+
+    fn device(&self) -> Self::Device {
+        self.device.clone()
+    }
+
+    fn seed(&self, seed: u64) {
+        B::seed(self.device.inner(), seed)
+    }
+
+    fn dtype_usage(&self, dtype: DType) -> DTypeUsageSet {
+        B::dtype_usage(self.device.inner(), dtype)
+    }
+}
+
+impl<B: BackendIr> DtrClient<B> {
+    /// Keep `e` as the client's error (the first one wins).
+    pub(crate) fn poison(&self, e: Error) {
+        self.lock().poison(e);
+    }
+
+    /// The device of this client.
+    pub(crate) fn device_ref(&self) -> &DtrDevice<B> {
+        &self.device
+    }
+}

@@ -1,0 +1,231 @@
+//! [`DtrDevice`]: the device of a [`Dtr`](crate::Dtr) backend. Each device value made
+//! with [`DtrDevice::new`] owns one slot, hence one client, one DTR runtime and one
+//! budget; the default device (slot 0) reads its settings from `REMAT_DTR_CONF`.
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::{Mutex, OnceLock};
+
+use burn_backend::backend::{Device, DeviceId, DeviceOps};
+use burn_ir::BackendIr;
+use burn_router::get_client;
+use remat_dtr::DtrConfig;
+
+use crate::channel::DtrChannel;
+use crate::client::DtrStats;
+use crate::cost::CostModel;
+use crate::error::{Error, Result};
+
+/// `DeviceId::type_id` of every DTR device (an arbitrary tag; clients are keyed by
+/// the channel type as well, so it never meets another backend's ids).
+const TYPE_ID: u16 = 0xD7;
+/// Slots are `u16` device indices; slot 0 is the default device.
+const MAX_SLOTS: usize = u16::MAX as usize;
+
+/// Settings of one DTR device: the runtime config and how op costs are measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DtrOptions {
+    /// Budget, budget mode, policy, seed… (see [`remat_dtr::DtrConfig`]).
+    pub config: DtrConfig,
+    /// How the cost of each op is taken.
+    pub cost: CostModel,
+}
+
+impl DtrOptions {
+    /// Options with `config` and the default cost model ([`CostModel::WallClock`]).
+    pub fn new(config: DtrConfig) -> Self {
+        Self {
+            config,
+            cost: CostModel::default(),
+        }
+    }
+
+    /// Replace the cost model.
+    pub fn with_cost_model(mut self, cost: CostModel) -> Self {
+        self.cost = cost;
+        self
+    }
+}
+
+struct SlotEntry {
+    options: DtrOptions,
+    /// The inner backend's device, type-erased (`B::Device`).
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+/// Slots 1.. (index = slot − 1); slot 0 is the default device, configured from the
+/// environment.
+static SLOTS: Mutex<Vec<SlotEntry>> = Mutex::new(Vec::new());
+static ENV_CONFIG: OnceLock<Result<DtrConfig, remat_dtr::ConfigError>> = OnceLock::new();
+
+fn lock_slots() -> std::sync::MutexGuard<'static, Vec<SlotEntry>> {
+    // A panic while holding the lock leaves the vector valid: ignore poisoning.
+    SLOTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The options of `slot` (slot 0: `REMAT_DTR_CONF`, read once).
+pub(crate) fn options_of(slot: u16) -> Result<DtrOptions> {
+    if slot == 0 {
+        let config = ENV_CONFIG.get_or_init(DtrConfig::from_env).clone()?;
+        return Ok(DtrOptions::new(config));
+    }
+    lock_slots()
+        .get(slot as usize - 1)
+        .map(|e| e.options.clone())
+        .ok_or(Error::UnknownDevice(slot))
+}
+
+/// The device of [`Dtr<B>`](crate::Dtr): an inner backend device plus the slot of
+/// its DTR runtime.
+///
+/// ```no_run
+/// use remat_burn::{Dtr, DtrDevice};
+/// use remat_dtr::DtrConfig;
+/// # fn run<B: burn_ir::BackendIr>(inner: B::Device) -> Result<(), remat_burn::Error> {
+/// let device = DtrDevice::<B>::new(inner, DtrConfig::default().with_budget(64 << 20))?;
+/// // Tensor::<Dtr<B>, 2>::zeros([8, 8], &device) …
+/// println!("{}", device.stats());
+/// # Ok(()) }
+/// ```
+pub struct DtrDevice<B: BackendIr> {
+    inner: B::Device,
+    slot: u16,
+    _b: PhantomData<fn() -> B>,
+}
+
+impl<B: BackendIr> DtrDevice<B> {
+    /// A new device over `inner` with its own DTR runtime configured by `config`.
+    pub fn new(inner: B::Device, config: DtrConfig) -> Result<Self> {
+        Self::with_options(inner, DtrOptions::new(config))
+    }
+
+    /// A new device over `inner` with its own runtime configured by
+    /// `REMAT_DTR_CONF` (unset: unbounded).
+    pub fn from_env(inner: B::Device) -> Result<Self> {
+        Self::new(inner, DtrConfig::from_env()?)
+    }
+
+    /// A new device over `inner` with explicit options.
+    pub fn with_options(inner: B::Device, options: DtrOptions) -> Result<Self> {
+        let mut slots = lock_slots();
+        if slots.len() >= MAX_SLOTS {
+            return Err(Error::TooManyDevices { max: MAX_SLOTS });
+        }
+        slots.push(SlotEntry {
+            options,
+            inner: Box::new(inner.clone()),
+        });
+        let slot = slots.len() as u16;
+        Ok(Self {
+            inner,
+            slot,
+            _b: PhantomData,
+        })
+    }
+
+    /// The inner backend's device.
+    pub fn inner(&self) -> &B::Device {
+        &self.inner
+    }
+
+    /// This device's slot (0: the default device).
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    /// The options this device was made with.
+    pub fn options(&self) -> Result<DtrOptions> {
+        options_of(self.slot)
+    }
+
+    /// Counters and memory figures of this device's runtime.
+    pub fn stats(&self) -> DtrStats {
+        get_client::<DtrChannel<B>>(self).stats()
+    }
+
+    /// Take the error that poisoned this device's client, if any; the client then
+    /// runs ops again (tensors produced by failed ops stay unknown).
+    pub fn take_error(&self) -> Option<Error> {
+        get_client::<DtrChannel<B>>(self).take_error()
+    }
+
+    /// Walk the runtime's records and check their invariants (for tests).
+    pub fn check_invariants(&self) -> Result<()> {
+        get_client::<DtrChannel<B>>(self).check_invariants()
+    }
+
+    /// Make every live tensor a root (see [`DtrClient::seal`](crate::DtrClient::seal)):
+    /// call it between training steps.
+    pub fn seal(&self) -> Result<usize> {
+        get_client::<DtrChannel<B>>(self).seal()
+    }
+
+    /// Evict every resident storage that can be evicted; returns how many were.
+    pub fn evict_all(&self) -> Result<usize> {
+        get_client::<DtrChannel<B>>(self).evict_all()
+    }
+}
+
+impl<B: BackendIr> Clone for DtrDevice<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            slot: self.slot,
+            _b: PhantomData,
+        }
+    }
+}
+
+impl<B: BackendIr> std::fmt::Debug for DtrDevice<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DtrDevice")
+            .field("inner", &self.inner)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl<B: BackendIr> Default for DtrDevice<B> {
+    fn default() -> Self {
+        Self {
+            inner: B::Device::default(),
+            slot: 0,
+            _b: PhantomData,
+        }
+    }
+}
+
+impl<B: BackendIr> PartialEq for DtrDevice<B> {
+    fn eq(&self, other: &Self) -> bool {
+        self.slot == other.slot
+    }
+}
+
+impl<B: BackendIr> Eq for DtrDevice<B> {}
+
+impl<B: BackendIr> Device for DtrDevice<B> {
+    fn from_id(device_id: DeviceId) -> Self {
+        let slot = device_id.index_id;
+        let inner = if slot == 0 {
+            None
+        } else {
+            lock_slots()
+                .get(slot as usize - 1)
+                .and_then(|e| e.inner.downcast_ref::<B::Device>().cloned())
+        };
+        Self {
+            inner: inner.unwrap_or_default(),
+            slot,
+            _b: PhantomData,
+        }
+    }
+
+    fn to_id(&self) -> DeviceId {
+        DeviceId {
+            type_id: TYPE_ID,
+            index_id: self.slot,
+        }
+    }
+}
+
+impl<B: BackendIr> DeviceOps for DtrDevice<B> {}

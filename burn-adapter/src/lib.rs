@@ -1,0 +1,121 @@
+//! # remat-burn — Dynamic Tensor Rematerialization under Burn
+//!
+//! [`Dtr<B>`] is a Burn backend that runs every op of an inner backend `B` (NdArray
+//! on the CPU, `burn_cuda::Cuda` with the `cuda` feature) through a
+//! [remat-dtr](remat_dtr) runtime, so that `Autodiff<Dtr<B>>` trains an unchanged
+//! burn-nn model under a memory budget: when the budget is full the runtime evicts
+//! results (the inner tensor is dropped) and replays their recorded ops when they
+//! are read again — bit-identically, since the replayed op is the very IR op that
+//! produced them.
+//!
+//! ```text
+//!  user code / burn-nn / burn-optim      Tensor<Autodiff<Dtr<B>>, D>
+//!     │
+//!  burn-autodiff                          autograd (NoCheckpointing)
+//!     │
+//!  burn-router  BackendRouter<DtrChannel<B>>   every op → OperationIr
+//!     │
+//!  DtrClient (this crate) ── register_op / read / drop
+//!     │   ├─ remat_dtr::Runtime<Resident<B>>   records, budget (remat-alloc's
+//!     │   │     caching allocator over a SimulatedDevice), eviction, regeneration
+//!     │   │     on an explicit work list (no recursion)
+//!     │   └─ IrOp: the recorded OperationIr (inputs read-only), replayed on ↓
+//!     ▼
+//!  burn_router::Runner<B>  handle container = the resident inner tensors
+//! ```
+//!
+//! ## Why burn 0.21
+//!
+//! Burn 0.21.x is pinned (`=0.21.0`) on purpose: it is the **last release whose
+//! `Tensor<B, D>` is generic over the backend**. From 0.22 `burn::Tensor` dispatches
+//! over a fixed set of built-in backends, so a third-party backend such as
+//! `Dtr<B>` is unreachable from user code and burn-nn models. The glue is kept thin
+//! (a router channel and client, ~20 methods) so that a later Burn that reopens
+//! backends can be followed.
+//!
+//! ## The model
+//!
+//! - **Compute path.** burn-router turns each of the ~430 backend methods into an
+//!   [`OperationIr`](burn_ir::OperationIr). The client marks the op's inputs
+//!   read-only (no in-place reuse, so replay always finds its inputs), runs it on
+//!   burn's IR [`Runner`](burn_router::Runner), and records it in the runtime as
+//!   the compute path of its outputs, with its cost.
+//! - **Residency.** The runner's handle container holds the inner tensors. The
+//!   runtime owns one [`Resident`] guard per resident storage; eviction drops the
+//!   guard, which removes the handle and so drops the inner tensor (its memory is
+//!   freed by `B`). Reading an evicted tensor pins it: the runtime rematerializes
+//!   its inputs and replays the op, without recursion.
+//! - **Views.** Reshape, swap-dims, permute, expand, slice and flip are aliases:
+//!   the new tensor names the same storage (no bytes, no record). The view's ops
+//!   are kept as a chain and materialized in the runner only while an op reads it.
+//! - **Never evicted.** Uploaded data (parameters, inputs), random ops (no
+//!   recorded seed: the generator has moved on) and `empty` are not recomputable.
+//!   Custom ops are rejected with [`Error::Unsupported`].
+//! - **Costs.** [`CostModel::WallClock`] times the op on synchronous backends;
+//!   on asynchronous ones (CUDA) use [`CostModel::Analytic`] (bytes × ns/byte +
+//!   matmul/conv flops × ns/flop), since a launch returns before the kernel ends.
+//! - **Budget and policy** come from a [`remat_dtr::DtrConfig`] given to
+//!   [`DtrDevice::new`], or from `REMAT_DTR_CONF` (the default device,
+//!   [`DtrDevice::from_env`]). The physical budget mode places every storage with
+//!   remat-alloc's caching allocator over a simulated device of the budget's size,
+//!   so rounding and fragmentation count. With `cuda`, cubecl's memory management
+//!   exposes no allocator hook in any version: remat-alloc stays a placement
+//!   model, to be calibrated by the pool usage the backend reports.
+//! - **Training loops seal.** Burn's optimizers are functional (new parameters are
+//!   computed from the old ones), so call [`DtrDevice::seal`] after each
+//!   optimizer step: every live tensor becomes a root and the step's records are
+//!   dropped. Without it the parameters' lineage, and the uploads it reads, would
+//!   stay recorded (and those uploads resident) for the whole run.
+//! - **Errors.** Burn's op methods return nothing, so an error (for instance
+//!   [`remat_dtr::Error::ImpossibleBudget`]) poisons the device's client: later
+//!   ops are skipped, the next `Tensor::try_into_data` or `Backend::sync` returns
+//!   an `ExecutionError`, and [`DtrDevice::take_error`] gives the typed [`Error`].
+//!
+//! ## Use
+//!
+//! ```no_run
+//! use burn_autodiff::Autodiff;
+//! use burn_ndarray::NdArray;
+//! use burn_tensor::Tensor;
+//! use remat_burn::{Dtr, DtrDevice};
+//! use remat_dtr::DtrConfig;
+//!
+//! type B = Autodiff<Dtr<NdArray>>;
+//! let device = DtrDevice::<NdArray>::new(Default::default(), DtrConfig::default().with_budget(8 << 20))
+//!     .expect("device");
+//! let x = Tensor::<B, 2>::ones([64, 64], &device).require_grad();
+//! let loss = x.clone().matmul(x.clone()).exp().sum();
+//! let grads = loss.backward();
+//! let _g = x.grad(&grads);
+//! println!("{}", device.stats());
+//! ```
+
+mod channel;
+mod client;
+mod cost;
+mod device;
+mod error;
+mod op;
+
+pub use channel::{DtrBridge, DtrChannel};
+pub use client::{DtrClient, DtrStats};
+pub use cost::CostModel;
+pub use device::{DtrDevice, DtrOptions};
+pub use error::{Error, Result};
+pub use op::Resident;
+
+/// Re-exported so that users name one version of the DTR runtime's config.
+pub use remat_dtr;
+
+/// Burn backend with Dynamic Tensor Rematerialization over the inner backend `B`.
+pub type Dtr<B> = burn_router::BackendRouter<DtrChannel<B>>;
+
+/// The remat-alloc crate the physical budget places storages with.
+pub use remat_alloc;
+
+/// `Dtr` over burn-cuda's CubeCL backend (feature `cuda`; without fusion, which
+/// would hide the IR from the router). Use [`CostModel::gpu`] or another
+/// [`CostModel::Analytic`]: CUDA ops are asynchronous, wall-clock time around a
+/// launch is not their cost.
+#[cfg(feature = "cuda")]
+pub type DtrCuda = Dtr<burn_cuda::Cuda>;
