@@ -9,19 +9,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{offsets_from_roots, units, Forest, PlanError, Request};
+use super::{offsets_from_roots, unit_events, Forest, PlanError, Request};
 
 pub(super) fn plan(requests: &[Request], f: &Forest) -> Result<Vec<u64>, PlanError> {
-    let chunks: Vec<_> = units(requests, f)
-        .into_iter()
-        .filter(|u| u.size > 0)
-        .collect();
-    let mut events: Vec<(usize, u8, usize)> = Vec::with_capacity(2 * chunks.len());
-    for (c, u) in chunks.iter().enumerate() {
-        events.push((u.start, 1, c));
-        events.push((u.end, 0, c));
-    }
-    events.sort_unstable();
+    let (chunks, events) = unit_events(requests, f);
     let mut by_addr: BTreeMap<u64, u64> = BTreeMap::new();
     let mut by_size: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut top: u64 = 0;

@@ -647,6 +647,26 @@ pub(crate) fn units(requests: &[Request], f: &Forest) -> Vec<Unit> {
         .collect()
 }
 
+/// The non-empty units in request order, with their alloc/free events sorted by
+/// time, frees before allocs at one time step: `(time, 0 = free / 1 = alloc,
+/// unit index)`. What the simulation-based planners replay.
+pub(crate) fn unit_events(
+    requests: &[Request],
+    f: &Forest,
+) -> (Vec<Unit>, Vec<(usize, u8, usize)>) {
+    let chunks: Vec<Unit> = units(requests, f)
+        .into_iter()
+        .filter(|u| u.size > 0)
+        .collect();
+    let mut events = Vec::with_capacity(2 * chunks.len());
+    for (c, u) in chunks.iter().enumerate() {
+        events.push((u.start, 1, c));
+        events.push((u.end, 0, c));
+    }
+    events.sort_unstable();
+    (chunks, events)
+}
+
 /// Offsets of every request from the offsets of the roots.
 pub(crate) fn offsets_from_roots(f: &Forest, root_offset: &[u64]) -> Result<Vec<u64>, PlanError> {
     f.root

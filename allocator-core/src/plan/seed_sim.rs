@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use super::{offsets_from_roots, units, Forest, PlanError, Request};
+use super::{offsets_from_roots, unit_events, Forest, PlanError, Request};
 
 const NIL: usize = usize::MAX;
 
@@ -137,17 +137,7 @@ impl Sim {
 }
 
 pub(super) fn plan(requests: &[Request], f: &Forest) -> Result<Vec<u64>, PlanError> {
-    let chunks: Vec<_> = units(requests, f)
-        .into_iter()
-        .filter(|u| u.size > 0)
-        .collect();
-    // (time, 0 = free / 1 = alloc, chunk)
-    let mut events: Vec<(usize, u8, usize)> = Vec::with_capacity(2 * chunks.len());
-    for (c, u) in chunks.iter().enumerate() {
-        events.push((u.start, 1, c));
-        events.push((u.end, 0, c));
-    }
-    events.sort_unstable();
+    let (chunks, events) = unit_events(requests, f);
     let mut sim = Sim {
         blocks: Vec::with_capacity(2 * chunks.len()),
         tail: NIL,
