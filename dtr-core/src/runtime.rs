@@ -338,17 +338,14 @@ impl<V> Runtime<V> {
         let op_id = if fresh.is_empty() {
             None
         } else {
-            let id = OpId(self.graph.ops.insert(OpRec {
+            let rec = OpRec {
                 inputs: in_storages.clone(),
                 unique_inputs: unique.clone(),
                 outputs: Vec::with_capacity(fresh.len()),
                 live_outputs: fresh.len() as u32,
                 cost: cost_ns as f64,
-            }));
-            if self.handles.len() <= id.0 as usize {
-                self.handles.resize_with(id.0 as usize + 1, || None);
-            }
-            self.handles[id.0 as usize] = Some(op);
+            };
+            let id = self.register_op(rec, op);
             for &s in &unique {
                 self.graph.st_mut(s).users.push(id);
             }
@@ -493,17 +490,14 @@ impl<V> Runtime<V> {
         self.graph.clock = now;
         self.stats.compute_ns += cost_ns as f64;
         let recomputable_op = op.recomputable();
-        let id = OpId(self.graph.ops.insert(OpRec {
+        let rec = OpRec {
             inputs: in_storages.clone(),
             unique_inputs: Vec::new(),
             outputs: Vec::with_capacity(targets.len()),
             live_outputs: targets.len() as u32,
             cost: cost_ns as f64,
-        }));
-        if self.handles.len() <= id.0 as usize {
-            self.handles.resize_with(id.0 as usize + 1, || None);
-        }
-        self.handles[id.0 as usize] = Some(op);
+        };
+        let id = self.register_op(rec, op);
         let mut all_recomputable = true;
         for (k, (value, slot)) in values.into_iter().zip(slots).enumerate() {
             let old = targets[k];
@@ -1372,5 +1366,18 @@ impl<V> Runtime<V> {
             }
         }
         Ok(())
+    }
+}
+
+impl<V> Runtime<V> {
+    /// Inserts an op record and keeps its handle at the same index.
+    fn register_op(&mut self, rec: OpRec, op: Arc<dyn OpHandle<V>>) -> OpId {
+        let id = OpId(self.graph.ops.insert(rec));
+        let i = id.0 as usize;
+        if self.handles.len() <= i {
+            self.handles.resize_with(i + 1, || None);
+        }
+        self.handles[i] = Some(op);
+        id
     }
 }
