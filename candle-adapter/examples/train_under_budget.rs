@@ -53,16 +53,8 @@ fn train(budget: Option<u64>, steps: usize) -> remat_candle::Result<Run> {
     // thread RNG, so overwrite them with a seeded draw.
     let model = Cnn::new(&remat, vb)?;
     let names = seeded_init(&varmap, &dev)?;
-    let mut opt = AdamW::new(
-        varmap.all_vars(),
-        ParamsAdamW {
-            lr: 2e-3,
-            ..Default::default()
-        },
-    )?;
-    let (xs, ys) = dataset();
-    let images = Tensor::from_vec(xs, (DATASET, 1, SIDE, SIDE), &dev)?;
-    let labels = Tensor::from_vec(ys, DATASET, &dev)?;
+    let mut opt = optimizer(&varmap)?;
+    let (images, labels) = data(&dev)?;
     let mut losses = Vec::with_capacity(steps);
     let mut external = 0;
     let start = Instant::now();
@@ -117,16 +109,8 @@ fn train_plain(steps: usize) -> candle_core::Result<Vec<f32>> {
     let varmap = VarMap::new();
     let model = PlainCnn::new(VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
     seeded_init(&varmap, &dev)?;
-    let mut opt = AdamW::new(
-        varmap.all_vars(),
-        ParamsAdamW {
-            lr: 2e-3,
-            ..Default::default()
-        },
-    )?;
-    let (xs, ys) = dataset();
-    let images = Tensor::from_vec(xs, (DATASET, 1, SIDE, SIDE), &dev)?;
-    let labels = Tensor::from_vec(ys, DATASET, &dev)?;
+    let mut opt = optimizer(&varmap)?;
+    let (images, labels) = data(&dev)?;
     let mut losses = Vec::with_capacity(steps);
     for step in 0..steps {
         let first = (step * BATCH) % DATASET;
@@ -228,4 +212,24 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The optimizer both runs use.
+fn optimizer(varmap: &VarMap) -> candle_core::Result<AdamW> {
+    AdamW::new(
+        varmap.all_vars(),
+        ParamsAdamW {
+            lr: 2e-3,
+            ..Default::default()
+        },
+    )
+}
+
+/// The synthetic image set as `(images, labels)` tensors.
+fn data(dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let (xs, ys) = dataset();
+    Ok((
+        Tensor::from_vec(xs, (DATASET, 1, SIDE, SIDE), dev)?,
+        Tensor::from_vec(ys, DATASET, dev)?,
+    ))
 }
