@@ -207,17 +207,22 @@ impl<B: BackendIr> DtrClient<B> {
     /// storages were sealed.
     pub fn seal(&self) -> Result<usize> {
         let mut st = self.lock();
-        let sealed = st.seal(&self.shared);
-        if let Err(e) = &sealed {
-            // Tensors may be half-moved: keep the device from going on silently.
-            st.poison(Error::Poisoned(format!("seal failed: {e}")));
+        match st.seal() {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                // Each tensor is rooted atomically, so the state is consistent,
+                // but the device must not go on silently: keep the typed error
+                // for `take_error` and return its text.
+                let message = format!("seal failed: {e}");
+                st.poison(e);
+                Err(Error::Poisoned(message))
+            }
         }
-        sealed
     }
 }
 
 impl<B: BackendIr> State<B> {
-    fn seal(&mut self, shared: &Arc<Shared<B>>) -> Result<usize> {
+    fn seal(&mut self) -> Result<usize> {
         let st = self;
         if let Some(e) = &st.error {
             return Err(Error::Poisoned(e.to_string()));
@@ -228,29 +233,18 @@ impl<B: BackendIr> State<B> {
                 groups.entry(e.t).or_default().push(*id);
             }
         }
-        let n = groups.len();
+        // Resident storages first: rooting them needs no memory and frees the
+        // lineage that only they kept, which leaves room to regenerate the rest.
+        let mut order = Vec::with_capacity(groups.len());
         for (t, ids) in groups {
-            // Resident now, with its base's description.
-            st.rt.pin(t)?;
-            let base = st
-                .rt
-                .peek(t)?
-                .map(|r| r.ir().clone())
-                .ok_or_else(|| Error::Unsupported("pinned storage not resident".into()))?;
-            let bytes = st.rt.bytes(t)?;
-            // The new guard takes over the runner handle before the old one goes.
-            let value = shared.adopt_forced(&base);
-            st.rt.unpin(t)?;
-            for _ in &ids {
-                st.rt.release(t)?;
-            }
-            let root = st.rt.put(value, bytes)?;
-            for (k, id) in ids.iter().enumerate() {
-                if k > 0 {
-                    st.rt.retain(root)?;
-                }
+            order.push((!st.rt.is_resident(t)?, t.index(), t, ids));
+        }
+        order.sort_unstable_by_key(|(evicted, index, ..)| (*evicted, *index));
+        let n = order.len();
+        for (_, _, t, ids) in order {
+            st.rt.make_root(t)?;
+            for id in &ids {
                 if let Some(e) = st.entries.get_mut(id) {
-                    e.t = root;
                     e.root = true;
                 }
             }

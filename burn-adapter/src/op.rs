@@ -69,18 +69,6 @@ impl<B: BackendIr> Shared<B> {
         }
     }
 
-    /// A guard that takes over the ownership of `ir`'s registered handle from
-    /// whichever guard owns it now (that one will leave the runner alone).
-    pub(crate) fn adopt_forced(self: &Arc<Self>, ir: &TensorIr) -> Resident<B> {
-        let g = self.next_gen.fetch_add(1, Ordering::Relaxed);
-        self.owners().insert(ir.id, g);
-        Resident {
-            shared: self.clone(),
-            ir: ir.clone(),
-            generation: g,
-        }
-    }
-
     /// Remove `ir`'s handle from the runner (drops the inner tensor).
     pub(crate) fn unregister(&self, ir: &TensorIr) {
         let mut ir = ir.clone();
@@ -103,11 +91,6 @@ impl<B: BackendIr> Resident<B> {
     /// The burn tensor id under which the value is registered.
     pub fn id(&self) -> TensorId {
         self.ir.id
-    }
-
-    /// The description of the registered tensor.
-    pub(crate) fn ir(&self) -> &TensorIr {
-        &self.ir
     }
 }
 

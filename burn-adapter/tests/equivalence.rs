@@ -122,6 +122,7 @@ fn training_is_bit_identical_at_100_50_30_percent() {
                 "{percent} %: no replay"
             );
         }
+        eprintln!("{percent} %: {}", stats.runtime);
         device.check_invariants().expect("invariants");
     }
 }

@@ -39,8 +39,17 @@ pub struct ImpossibleBudget {
     pub resident: u64,
     /// Resident bytes that an eviction could still free (none of them helped).
     pub evictable: u64,
-    /// Resident bytes held by pins, external tensors and non-recomputable ops.
+    /// Resident bytes of recomputable storages that are pinned: the inputs and
+    /// outputs of the op being placed, storages held by an in-flight
+    /// regeneration, and user pins.
     pub pinned: u64,
+    /// Resident bytes that can never be evicted: external tensors (inputs,
+    /// parameters, optimizer state) and outputs of non-recomputable ops. A budget
+    /// at or below this figure cannot work for any policy.
+    pub not_recomputable: u64,
+    /// Resident, recomputable, unpinned bytes below `min_evictee_bytes` (never
+    /// candidates).
+    pub below_min_evictee: u64,
     /// Free bytes inside the budget that could not hold the request (fragmentation:
     /// cached free blocks plus device memory not yet reserved).
     pub free_but_fragmented: u64,
@@ -50,13 +59,15 @@ impl fmt::Display for ImpossibleBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cannot place {} B under a budget of {} B: {} B resident ({} B evictable, {} B pinned \
-             or not recomputable), {} B free but fragmented",
+            "cannot place {} B under a budget of {} B: {} B resident ({} B evictable, {} B pinned, \
+             {} B not recomputable, {} B below min_evictee_bytes), {} B free but fragmented",
             self.needed,
             self.budget,
             self.resident,
             self.evictable,
             self.pinned,
+            self.not_recomputable,
+            self.below_min_evictee,
             self.free_but_fragmented
         )
     }

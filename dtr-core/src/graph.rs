@@ -336,6 +336,38 @@ impl Graph {
         total
     }
 
+    /// Bytes of `s` plus its evicted ancestors (what regenerating `s` must place),
+    /// visiting at most `max_nodes` of them: the order key of a regeneration.
+    pub(crate) fn evicted_ancestor_bytes(&mut self, s: StorageId, max_nodes: usize) -> u64 {
+        let stamp = self.next_stamp();
+        self.st_mut(s).stamp = stamp;
+        let mut total = self.st(s).bytes;
+        let mut seen = 0usize;
+        let mut work = std::mem::take(&mut self.stack);
+        let mut buf = std::mem::take(&mut self.buf);
+        work.clear();
+        work.push(s);
+        'walk: while let Some(x) = work.pop() {
+            buf.clear();
+            self.evicted_neighbours(x, &mut buf, true, false);
+            for &n in &buf {
+                let r = self.st_mut(n);
+                if r.stamp != stamp {
+                    r.stamp = stamp;
+                    total += r.bytes;
+                    seen += 1;
+                    if seen >= max_nodes {
+                        break 'walk;
+                    }
+                    work.push(n);
+                }
+            }
+        }
+        self.stack = work;
+        self.buf = buf;
+        total
+    }
+
     /// h_DTR's exact e*: own cost plus the evicted ancestor and descendant regions.
     pub(crate) fn e_star_exact(&mut self, s: StorageId) -> f64 {
         self.st(s).cost + self.region_cost(s, true, true)

@@ -22,6 +22,13 @@ use crate::policy::{make_policy, DecisionView, EvictionPolicy, Request};
 use crate::rng::SplitMix64;
 use crate::stats::RuntimeStats;
 
+/// How many times one regeneration ([`Runtime::hold`]) may evict the same parked
+/// storage before giving up with [`Error::ImpossibleBudget`]: bounds the work of a
+/// budget too small for the lineage (which otherwise thrashes).
+const PARK_LIMIT: usize = 1;
+/// Evicted ancestors visited to order a regeneration's inputs by need.
+const REGEN_ORDER_NODES: usize = 256;
+
 /// A user tensor: a (possibly shared) view of one storage.
 #[derive(Debug, Clone, Copy)]
 struct TensorRec {
@@ -67,6 +74,14 @@ pub struct Runtime<V> {
     victims: Vec<StorageId>,
     frames: Vec<Frame>,
     touched: Vec<StorageId>,
+    /// True while [`Runtime::hold`] runs its work list: finished inputs waiting
+    /// for their consumer ("parked") may then be evicted as a last resort.
+    regenerating: bool,
+    /// Storages evicted while parked during the current `hold` (each at most
+    /// once, which bounds the work).
+    parked_evicted: Vec<StorageId>,
+    /// The current `hold` orders inputs by need (its retry).
+    by_need: bool,
 }
 
 impl<V> std::fmt::Debug for Runtime<V> {
@@ -129,6 +144,9 @@ impl<V> Runtime<V> {
             victims: Vec::new(),
             frames: Vec::new(),
             touched: Vec::new(),
+            regenerating: false,
+            parked_evicted: Vec::new(),
+            by_need: false,
         }
     }
 
@@ -926,62 +944,180 @@ impl<V> Runtime<V> {
                 self.memory.free(slot).map_err(Error::Memory)?;
             }
             if let Some(op) = r.producer {
-                let o = &mut self.graph.ops[op.0];
-                o.outputs[r.output_index as usize] = None;
-                o.live_outputs -= 1;
-                if o.live_outputs == 0 {
-                    let o = self
-                        .graph
-                        .ops
-                        .remove(op.0)
-                        .ok_or_else(|| Error::Internal("op vanished".into()))?;
-                    self.handles[op.0 as usize] = None;
-                    for i in o.unique_inputs {
-                        let ir = self.graph.st_mut(i);
-                        if let Some(p) = ir.users.iter().position(|u| *u == op) {
-                            ir.users.swap_remove(p);
-                        }
-                        if ir.released && ir.users.is_empty() && ir.pins == 0 {
-                            work.push(i);
-                        }
-                    }
-                }
+                self.drop_output(op, r.output_index, &mut work)?;
             }
         }
         Ok(())
+    }
+
+    /// Output `index` of compute path `op` is gone (deleted or made a root). When
+    /// it was the last, the path goes too: it stops reading its inputs, and inputs
+    /// that are released and read by nothing else are pushed on `dead`.
+    fn drop_output(&mut self, op: OpId, index: u32, dead: &mut Vec<StorageId>) -> Result<()> {
+        let o = &mut self.graph.ops[op.0];
+        o.outputs[index as usize] = None;
+        o.live_outputs -= 1;
+        if o.live_outputs > 0 {
+            return Ok(());
+        }
+        let o = self
+            .graph
+            .ops
+            .remove(op.0)
+            .ok_or_else(|| Error::Internal("op vanished".into()))?;
+        self.handles[op.0 as usize] = None;
+        for i in o.unique_inputs {
+            let ir = self.graph.st_mut(i);
+            if let Some(p) = ir.users.iter().position(|u| *u == op) {
+                ir.users.swap_remove(p);
+            }
+            if ir.released && ir.users.is_empty() && ir.pins == 0 {
+                dead.push(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cut `t`'s storage from its history: make it resident (regenerating it if
+    /// evicted) and turn it into external data, like a [`Runtime::put`] — never
+    /// evicted again. Its compute path forgets it; a path left without outputs is
+    /// deleted, and released storages that only it still read are freed (the real
+    /// delete cascade). Returns `false` when the storage was external already.
+    ///
+    /// For tensors that outlive a training step (parameters, optimizer state):
+    /// without it their lineage, and the evicted records it keeps, grows with
+    /// every step.
+    pub fn make_root(&mut self, t: TensorId) -> Result<bool> {
+        let s = self.tensor(t)?.storage;
+        let Some(op) = self.graph.st(s).producer else {
+            return Ok(false);
+        };
+        self.hold(&[s])?;
+        let r = self.graph.st_mut(s);
+        r.holds -= 1;
+        r.pins -= 1;
+        r.producer = None;
+        r.recomputable = false;
+        r.cost = 0.0;
+        let index = r.output_index;
+        self.graph.withdraw(s);
+        let mut dead = Vec::new();
+        self.drop_output(op, index, &mut dead)?;
+        for d in dead {
+            self.delete_cascade(d)?;
+        }
+        tracing::trace!(target: "remat_dtr::root", storage = s.0, "make_root");
+        Ok(true)
     }
 
     // ----- regeneration --------------------------------------------------------
 
     /// Make every storage of `targets` resident and hold each once (pins += 1,
     /// holds += 1). On error every hold taken by this call is dropped.
+    ///
+    /// Work list, no recursion: `Need(s)` makes `s` resident (pushing its
+    /// producer's `Run` and the `Need`s of its inputs when evicted); `Run` replays
+    /// the producer once its inputs are held and releases their holds. A finished
+    /// input waits held ("parked") until its consumer runs; when nothing else can
+    /// make room, [`Runtime::evict_parked`] may evict it and the consumer's `Run`
+    /// needs it again. Each storage is evicted that way at most once per call, so
+    /// the work is bounded.
     fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
+        match self.hold_once(targets, false) {
+            Err(Error::ImpossibleBudget(_)) if self.stats.rematerializations > 0 => {
+                // Creation order parked too much: retry (what was regenerated
+                // stays resident) with the hungriest lineage first.
+                self.stats.reordered_regenerations += 1;
+                self.hold_once(targets, true)
+            }
+            r => r,
+        }
+    }
+
+    /// One attempt of [`Runtime::hold`]; `by_need` orders the inputs of each
+    /// replayed op by the bytes their evicted lineage must place, largest first
+    /// (Sethi–Ullman), instead of by creation.
+    fn hold_once(&mut self, targets: &[StorageId], by_need: bool) -> Result<()> {
         self.touched.clear();
         self.frames.clear();
+        self.parked_evicted.clear();
+        self.regenerating = true;
+        self.by_need = by_need;
+        let result = self.hold_loop(targets);
+        self.regenerating = false;
+        if let Err(e) = result {
+            self.frames.clear();
+            let touched = std::mem::take(&mut self.touched);
+            for &s in &touched {
+                if let Some(r) = self.graph.storages.get_mut(s.0) {
+                    r.pins -= r.holds;
+                    r.holds = 0;
+                    if r.pins == 0 {
+                        self.graph.offer(s);
+                    }
+                }
+            }
+            self.touched = touched;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn hold_loop(&mut self, targets: &[StorageId]) -> Result<()> {
         for &t in targets.iter().rev() {
             self.frames.push(Frame::Need(t));
         }
-        while let Some(frame) = self.frames.pop() {
-            let step = match frame {
-                Frame::Need(s) => self.need(s),
-                Frame::Run { op, target } => self.run(op, target),
-            };
-            if let Err(e) = step {
-                self.frames.clear();
-                let touched = std::mem::take(&mut self.touched);
-                for &s in &touched {
-                    if let Some(r) = self.graph.storages.get_mut(s.0) {
-                        r.pins -= r.holds;
-                        r.holds = 0;
-                        if r.pins == 0 {
-                            self.graph.offer(s);
-                        }
-                    }
+        loop {
+            while let Some(frame) = self.frames.pop() {
+                match frame {
+                    Frame::Need(s) => self.need(s)?,
+                    Frame::Run { op, target } => self.run(op, target)?,
                 }
-                return Err(e);
+            }
+            // A target finished early may have been evicted while parked.
+            for &t in targets.iter().rev() {
+                if !self.graph.st(t).is_resident() {
+                    self.unpin_storage(t, true);
+                    self.frames.push(Frame::Need(t));
+                }
+            }
+            if self.frames.is_empty() {
+                return Ok(());
             }
         }
-        Ok(())
+    }
+
+    /// Last resort of [`Runtime::make_room`] during a regeneration: evict one
+    /// parked storage (held only by this regeneration, not an input of the op
+    /// being replayed, not evicted this way before in this call), preferring the
+    /// most bytes per ns of recompute. `false` when there is none.
+    #[cold]
+    fn evict_parked(&mut self) -> Result<bool> {
+        if !self.regenerating {
+            return Ok(false);
+        }
+        let mut best: Option<(f64, StorageId)> = None;
+        for &s in &self.touched {
+            let r = self.graph.st(s);
+            let parked = r.is_resident()
+                && r.recomputable
+                && r.holds > 0
+                && r.pins == r.holds
+                && self.parked_evicted.iter().filter(|&&p| p == s).count() < PARK_LIMIT;
+            if parked {
+                let score = r.bytes as f64 / r.cost.max(1.0);
+                if best.is_none_or(|(b, _)| score > b) {
+                    best = Some((score, s));
+                }
+            }
+        }
+        let Some((_, s)) = best else {
+            return Ok(false);
+        };
+        self.parked_evicted.push(s);
+        self.stats.parked_evictions += 1;
+        self.evict_storage(s, false)?;
+        Ok(true)
     }
 
     fn take_hold(&mut self, s: StorageId) {
@@ -1001,7 +1137,27 @@ impl<V> Runtime<V> {
             _ => return Err(Error::NotRegenerable(s)),
         };
         self.frames.push(Frame::Run { op, target: s });
-        for &i in &self.graph.ops[op.0].unique_inputs {
+        let inputs = &self.graph.ops[op.0].unique_inputs;
+        if !self.by_need || inputs.len() < 2 {
+            for &i in inputs {
+                self.frames.push(Frame::Need(i));
+            }
+            return Ok(());
+        }
+        // Resident inputs first (held at once: they take no room), then the
+        // evicted ones, the lineage that must place the most bytes first, while
+        // the fewest finished siblings are parked.
+        let mut order: Vec<(u64, StorageId)> = inputs.iter().map(|&i| (u64::MAX, i)).collect();
+        for entry in &mut order {
+            if !self.graph.st(entry.1).is_resident() {
+                entry.0 = self
+                    .graph
+                    .evicted_ancestor_bytes(entry.1, REGEN_ORDER_NODES);
+            }
+        }
+        // A stack: push the last to run first.
+        order.sort_by_key(|&(bytes, s)| (bytes, std::cmp::Reverse(s)));
+        for (_, i) in order {
             self.frames.push(Frame::Need(i));
         }
         Ok(())
@@ -1010,7 +1166,31 @@ impl<V> Runtime<V> {
     fn run(&mut self, op: OpId, target: StorageId) -> Result<()> {
         let unique = self.graph.ops[op.0].unique_inputs.clone();
         if !self.graph.st(target).is_resident() {
-            self.rematerialize(op)?;
+            let missing: Vec<StorageId> = unique
+                .iter()
+                .copied()
+                .filter(|&i| !self.graph.st(i).is_resident())
+                .collect();
+            if !missing.is_empty() {
+                // Parked inputs evicted since they were made resident: drop their
+                // stale holds and need them again before running.
+                self.frames.push(Frame::Run { op, target });
+                for &i in &missing {
+                    self.unpin_storage(i, true);
+                    self.frames.push(Frame::Need(i));
+                }
+                return Ok(());
+            }
+            // The inputs of the op being replayed are not parked: an extra pin
+            // (not a hold) keeps `evict_parked` off them while outputs are placed.
+            for &i in &unique {
+                self.graph.st_mut(i).pins += 1;
+            }
+            let result = self.rematerialize(op);
+            for &i in &unique {
+                self.graph.st_mut(i).pins -= 1;
+            }
+            result?;
         }
         let now = self.graph.clock;
         for s in unique {
@@ -1132,7 +1312,7 @@ impl<V> Runtime<V> {
                         shape: Some(self.memory.shape(bytes)),
                         free_bytes,
                     };
-                    if !self.evict_some(req)? {
+                    if !self.evict_some(req)? && !self.evict_parked()? {
                         return Err(self.impossible(bytes));
                     }
                 }
@@ -1145,12 +1325,27 @@ impl<V> Runtime<V> {
         let usage = self.memory.usage();
         let resident = self.stats.live_bytes;
         let evictable = self.graph.candidate_bytes;
+        let (mut pinned, mut not_recomputable, mut below_min) = (0u64, 0u64, 0u64);
+        for (_, r) in self.graph.storages.iter() {
+            if !r.is_resident() {
+                continue;
+            }
+            if !r.recomputable {
+                not_recomputable += r.bytes;
+            } else if r.pins > 0 {
+                pinned += r.bytes;
+            } else if r.cand_pos == NONE {
+                below_min += r.bytes;
+            }
+        }
         let report = ImpossibleBudget {
             needed,
             budget: usage.capacity.unwrap_or(u64::MAX),
             resident,
             evictable,
-            pinned: resident - evictable.min(resident),
+            pinned,
+            not_recomputable,
+            below_min_evictee: below_min,
             free_but_fragmented: self.memory.free_bytes(),
         };
         tracing::debug!(target: "remat_dtr::oom", %report, "impossible budget");

@@ -14,6 +14,13 @@ pub struct RuntimeStats {
     /// Released storages whose memory was freed while their record stays (fake
     /// deletes).
     pub fake_deletes: u64,
+    /// Of [`RuntimeStats::evictions`]: finished inputs of a pending regeneration
+    /// step evicted because nothing else could make room (they are regenerated
+    /// again when their consumer runs).
+    pub parked_evictions: u64,
+    /// Regenerations that hit an impossible budget in creation order and were
+    /// retried with the inputs ordered by need.
+    pub reordered_regenerations: u64,
     /// Compute paths replayed to rematerialize.
     pub rematerializations: u64,
     /// Allocation attempts that failed and were retried after an eviction.
