@@ -22,10 +22,6 @@ use crate::policy::{make_policy, DecisionView, EvictionPolicy, Request};
 use crate::rng::SplitMix64;
 use crate::stats::RuntimeStats;
 
-/// How many times one regeneration ([`Runtime::hold`]) may evict the same parked
-/// storage before giving up with [`Error::ImpossibleBudget`]: bounds the work of a
-/// budget too small for the lineage (which otherwise thrashes).
-const PARK_LIMIT: usize = 1;
 /// Evicted ancestors visited to order a regeneration's inputs by need.
 const REGEN_ORDER_NODES: usize = 256;
 
@@ -82,6 +78,8 @@ pub struct Runtime<V> {
     parked_evicted: Vec<StorageId>,
     /// The current `hold` orders inputs by need (its retry).
     by_need: bool,
+    /// The current `hold` replayed (or set out to replay) a compute path.
+    replayed: bool,
 }
 
 impl<V> std::fmt::Debug for Runtime<V> {
@@ -147,6 +145,7 @@ impl<V> Runtime<V> {
             regenerating: false,
             parked_evicted: Vec::new(),
             by_need: false,
+            replayed: false,
         }
     }
 
@@ -1021,10 +1020,11 @@ impl<V> Runtime<V> {
     /// input waits held ("parked") until its consumer runs; when nothing else can
     /// make room, [`Runtime::evict_parked`] may evict it and the consumer's `Run`
     /// needs it again. Each storage is evicted that way at most once per call, so
-    /// the work is bounded.
+    /// the work is bounded. A regeneration that still finds the budget impossible
+    /// is retried once with the inputs ordered by need.
     fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
         match self.hold_once(targets, false) {
-            Err(Error::ImpossibleBudget(_)) if self.stats.rematerializations > 0 => {
+            Err(Error::ImpossibleBudget(_)) if self.replayed => {
                 // Creation order parked too much: retry (what was regenerated
                 // stays resident) with the hungriest lineage first.
                 self.stats.reordered_regenerations += 1;
@@ -1043,6 +1043,7 @@ impl<V> Runtime<V> {
         self.parked_evicted.clear();
         self.regenerating = true;
         self.by_need = by_need;
+        self.replayed = false;
         let result = self.hold_loop(targets);
         self.regenerating = false;
         if let Err(e) = result {
@@ -1103,7 +1104,7 @@ impl<V> Runtime<V> {
                 && r.recomputable
                 && r.holds > 0
                 && r.pins == r.holds
-                && self.parked_evicted.iter().filter(|&&p| p == s).count() < PARK_LIMIT;
+                && !self.parked_evicted.contains(&s);
             if parked {
                 let score = r.bytes as f64 / r.cost.max(1.0);
                 if best.is_none_or(|(b, _)| score > b) {
@@ -1137,6 +1138,7 @@ impl<V> Runtime<V> {
             _ => return Err(Error::NotRegenerable(s)),
         };
         self.frames.push(Frame::Run { op, target: s });
+        self.replayed = true;
         let inputs = &self.graph.ops[op.0].unique_inputs;
         if !self.by_need || inputs.len() < 2 {
             for &i in inputs {
