@@ -305,13 +305,32 @@ impl Graph {
     /// Like [`Graph::region_cost`] in both directions, but visits at most
     /// `max_nodes` evicted storages (an under-estimate of exact e* beyond that).
     pub(crate) fn e_star_bounded(&mut self, s: StorageId, max_nodes: usize) -> f64 {
+        self.st(s).cost + self.bounded_region(s, &[true, false], max_nodes, |r| r.cost)
+    }
+
+    /// Bytes of `s` plus its evicted ancestors (what regenerating `s` must place),
+    /// visiting at most `max_nodes` of them: the order key of a regeneration.
+    pub(crate) fn evicted_ancestor_bytes(&mut self, s: StorageId, max_nodes: usize) -> u64 {
+        self.st(s).bytes + self.bounded_region(s, &[true], max_nodes, |r| r.bytes as f64) as u64
+    }
+
+    /// Sum of `weight` over the evicted storages reachable from `s` through
+    /// evicted ancestors (`true` in `dirs`) and/or descendants (`false`), `s`
+    /// excluded, stopping after `max_nodes` of them.
+    fn bounded_region(
+        &mut self,
+        s: StorageId,
+        dirs: &[bool],
+        max_nodes: usize,
+        weight: impl Fn(&StorageRec) -> f64,
+    ) -> f64 {
         let stamp = self.next_stamp();
         self.st_mut(s).stamp = stamp;
-        let mut total = self.st(s).cost;
+        let mut total = 0.0;
         let mut seen = 0usize;
         let mut work = std::mem::take(&mut self.stack);
         let mut buf = std::mem::take(&mut self.buf);
-        'dirs: for dir_up in [true, false] {
+        'dirs: for &dir_up in dirs {
             work.clear();
             work.push(s);
             while let Some(x) = work.pop() {
@@ -321,45 +340,13 @@ impl Graph {
                     let r = self.st_mut(n);
                     if r.stamp != stamp {
                         r.stamp = stamp;
-                        total += r.cost;
+                        total += weight(r);
                         seen += 1;
                         if seen >= max_nodes {
                             break 'dirs;
                         }
                         work.push(n);
                     }
-                }
-            }
-        }
-        self.stack = work;
-        self.buf = buf;
-        total
-    }
-
-    /// Bytes of `s` plus its evicted ancestors (what regenerating `s` must place),
-    /// visiting at most `max_nodes` of them: the order key of a regeneration.
-    pub(crate) fn evicted_ancestor_bytes(&mut self, s: StorageId, max_nodes: usize) -> u64 {
-        let stamp = self.next_stamp();
-        self.st_mut(s).stamp = stamp;
-        let mut total = self.st(s).bytes;
-        let mut seen = 0usize;
-        let mut work = std::mem::take(&mut self.stack);
-        let mut buf = std::mem::take(&mut self.buf);
-        work.clear();
-        work.push(s);
-        'walk: while let Some(x) = work.pop() {
-            buf.clear();
-            self.evicted_neighbours(x, &mut buf, true, false);
-            for &n in &buf {
-                let r = self.st_mut(n);
-                if r.stamp != stamp {
-                    r.stamp = stamp;
-                    total += r.bytes;
-                    seen += 1;
-                    if seen >= max_nodes {
-                        break 'walk;
-                    }
-                    work.push(n);
                 }
             }
         }
