@@ -9,6 +9,10 @@ use crate::ids::{StorageId, TensorId};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An error from an op handle's (re)computation, with a message from the adapter.
+///
+/// An op that failed because the *real* device ran out of memory (a CUDA OOM,
+/// say, where the memory model is only an estimate of the device) says so with
+/// [`OpError::out_of_memory`]: the runtime then evicts and calls it again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("op `{op}` failed: {message}")]
 pub struct OpError {
@@ -16,6 +20,9 @@ pub struct OpError {
     pub op: String,
     /// What went wrong, in the adapter's words.
     pub message: String,
+    /// The device had no memory for the op's outputs or workspace; evicting
+    /// resident storages and retrying may succeed.
+    pub out_of_memory: bool,
 }
 
 impl OpError {
@@ -24,7 +31,41 @@ impl OpError {
         Self {
             op: op.into(),
             message: message.into(),
+            out_of_memory: false,
         }
+    }
+
+    /// The device ran out of memory while op `op` ran (retryable after eviction).
+    pub fn out_of_memory(op: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            out_of_memory: true,
+            ..Self::new(op, message)
+        }
+    }
+}
+
+/// A device out-of-memory error that eviction could not cure: the op kept
+/// failing after every evictable storage was evicted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceOutOfMemory {
+    /// The op that ran out of memory.
+    pub op: String,
+    /// The device's last error, in the adapter's words.
+    pub message: String,
+    /// Times the op was called again after an eviction.
+    pub retries: u32,
+    /// The runtime's figures when it gave up (`needed` is the retry's hint: the
+    /// op's fresh output bytes when the runtime knows them, else 0).
+    pub figures: ImpossibleBudget,
+}
+
+impl fmt::Display for DeviceOutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "op `{}` ran out of device memory ({}) and nothing is left to evict after {} retries: {}",
+            self.op, self.message, self.retries, self.figures
+        )
     }
 }
 
@@ -80,6 +121,10 @@ pub enum Error {
     /// must stay resident (pinned inputs, external tensors, the op's own outputs).
     #[error("impossible budget: {0}")]
     ImpossibleBudget(Box<ImpossibleBudget>),
+    /// The real device ran out of memory inside an op (see
+    /// [`OpError::out_of_memory`]) and no eviction left could make it succeed.
+    #[error("device out of memory: {0}")]
+    DeviceOutOfMemory(Box<DeviceOutOfMemory>),
     /// A tensor handle that is not (or no longer) live.
     #[error("unknown or released tensor {0:?}")]
     UnknownTensor(TensorId),
@@ -138,5 +183,14 @@ impl Error {
     /// True when this is an [`Error::ImpossibleBudget`].
     pub fn is_impossible_budget(&self) -> bool {
         matches!(self, Error::ImpossibleBudget(_))
+    }
+
+    /// True when memory ran out for good: an impossible budget in the memory
+    /// model or a device out-of-memory that eviction could not cure.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            Error::ImpossibleBudget(_) | Error::DeviceOutOfMemory(_)
+        )
     }
 }

@@ -91,7 +91,7 @@ pub mod stats;
 pub mod unionfind;
 
 pub use config::{BudgetMode, ConfigError, DtrConfig, MegEngineParams, PolicyKind};
-pub use error::{Error, ImpossibleBudget, OpError, Result};
+pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, OpError, Result};
 pub use graph::{Hot, Residency};
 pub use ids::{OpId, StorageId, TensorId};
 pub use memory::{

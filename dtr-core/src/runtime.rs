@@ -13,7 +13,7 @@ use std::time::Instant;
 use ahash::AHashMap;
 
 use crate::config::{BudgetMode, DtrConfig};
-use crate::error::{Error, ImpossibleBudget, Result};
+use crate::error::{DeviceOutOfMemory, Error, ImpossibleBudget, Result};
 use crate::graph::{Graph, Hot, OpRec, Residency, StorageRec, NONE};
 use crate::ids::{OpId, Slab, StorageId, TensorId};
 use crate::memory::{AllocFailure, LogicalBudget, MemoryModel, MemoryUsage, Slot};
@@ -469,13 +469,9 @@ impl<V> Runtime<V> {
             }
         }
         let values = if failed.is_none() {
-            let args: Option<Vec<&V>> = in_storages
-                .iter()
-                .map(|s| self.values[s.0 as usize].as_ref())
-                .collect();
-            match args.map(|a| op.compute(&a)) {
-                Some(Ok(v)) if v.len() == targets.len() => Some(v),
-                Some(Ok(v)) => {
+            match self.compute_retrying(&op, &in_storages, 0) {
+                Ok(v) if v.len() == targets.len() => Some(v),
+                Ok(v) => {
                     failed = Some(Error::OutputCount {
                         op: op.name().to_string(),
                         got: v.len(),
@@ -483,12 +479,8 @@ impl<V> Runtime<V> {
                     });
                     None
                 }
-                Some(Err(e)) => {
-                    failed = Some(e.into());
-                    None
-                }
-                None => {
-                    failed = Some(Error::Internal("mutated input not resident".into()));
+                Err(e) => {
+                    failed = Some(e);
                     None
                 }
             }
@@ -623,16 +615,8 @@ impl<V> Runtime<V> {
         let values = match given {
             Some(v) => Ok(v),
             None => {
-                let args: Option<Vec<&V>> = inputs
-                    .iter()
-                    .map(|s| self.values[s.0 as usize].as_ref())
-                    .collect();
-                match args {
-                    Some(args) => op.compute(&args).map_err(Error::from),
-                    None => Err(Error::Internal(
-                        "an input is not resident after hold".into(),
-                    )),
-                }
+                let hint = fresh.iter().sum();
+                self.compute_retrying(op, inputs, hint)
             }
         };
         let values = match values {
@@ -1240,15 +1224,11 @@ impl<V> Runtime<V> {
             .ok_or_else(|| Error::Internal("op without handle".into()))?;
         let rec = &self.graph.ops[op.0];
         let (cost, n_out) = (rec.cost, rec.outputs.len());
-        let args: Option<Vec<&V>> = rec
-            .inputs
-            .iter()
-            .map(|s| self.values[s.0 as usize].as_ref())
-            .collect();
-        let result = match args {
-            Some(args) => handle.compute(&args).map_err(Error::from),
-            None => Err(Error::Internal("regeneration input not resident".into())),
-        };
+        let inputs = rec.inputs.clone();
+        // The missing outputs hold their slots but are not resident yet: no
+        // candidates, so a device-OOM eviction cannot touch them.
+        let hint = missing.iter().map(|&(_, s)| self.graph.st(s).bytes).sum();
+        let result = self.compute_retrying(&handle, &inputs, hint);
         let mut values: Vec<Option<V>> = match result {
             Ok(v) if v.len() == n_out => v.into_iter().map(Some).collect(),
             Ok(v) => {
@@ -1290,6 +1270,80 @@ impl<V> Runtime<V> {
         }
         tracing::trace!(target: "remat_dtr::remat", op = op.0, cost, "rematerialize");
         Ok(())
+    }
+
+    /// Call `op` on the values of `inputs` (all resident and held). When the op
+    /// reports that the real device ran out of memory, evict policy-chosen
+    /// storages worth at least `hint` bytes (one storage when `hint` is 0) and
+    /// call it again, until it succeeds or nothing is left to evict.
+    fn compute_retrying(
+        &mut self,
+        op: &Arc<dyn OpHandle<V>>,
+        inputs: &[StorageId],
+        hint: u64,
+    ) -> Result<Vec<V>> {
+        let mut retries = 0u32;
+        loop {
+            let outcome = {
+                let args: Option<Vec<&V>> = inputs
+                    .iter()
+                    .map(|s| self.values[s.0 as usize].as_ref())
+                    .collect();
+                match args {
+                    Some(args) => op.compute(&args),
+                    None => return Err(Error::Internal("an op input is not resident".into())),
+                }
+            };
+            let err = match outcome {
+                Ok(values) => return Ok(values),
+                Err(e) if e.out_of_memory => e,
+                Err(e) => return Err(e.into()),
+            };
+            self.stats.device_oom_retries += 1;
+            tracing::debug!(target: "remat_dtr::oom", op = op.name(), hint, retries, message = %err.message, "device out of memory; evicting");
+            if self.free_up(hint.max(1))? == 0 {
+                let figures = match self.impossible(hint) {
+                    Error::ImpossibleBudget(report) => *report,
+                    _ => ImpossibleBudget::default(),
+                };
+                return Err(Error::DeviceOutOfMemory(Box::new(DeviceOutOfMemory {
+                    op: err.op,
+                    message: err.message,
+                    retries,
+                    figures,
+                })));
+            }
+            retries += 1;
+        }
+    }
+
+    /// Evict policy-chosen storages until at least `bytes` of resident storage
+    /// are freed or nothing evictable is left; returns the bytes freed.
+    ///
+    /// For adapters whose real allocations happen outside the runtime (an op
+    /// that ran out of device memory before its outputs were recorded): free
+    /// memory, then run the op again. Pinned and non-recomputable storages are
+    /// never evicted.
+    pub fn free_up(&mut self, bytes: u64) -> Result<u64> {
+        let start = self.stats.live_bytes;
+        while start - self.stats.live_bytes.min(start) < bytes {
+            let req = Request {
+                bytes,
+                shape: Some(self.memory.shape(bytes)),
+                free_bytes: self.memory.free_bytes(),
+            };
+            if !self.evict_some(req)? && !self.evict_parked()? {
+                break;
+            }
+        }
+        Ok(start.saturating_sub(self.stats.live_bytes))
+    }
+
+    /// Set (or clear) the byte threshold: before each op, evict while resident
+    /// bytes exceed it. Adapters lower it when the real device holds memory the
+    /// model does not see (see the candle adapter's calibration).
+    pub fn set_threshold(&mut self, bytes: Option<u64>) {
+        self.config.threshold = bytes;
     }
 
     // ----- eviction ------------------------------------------------------------

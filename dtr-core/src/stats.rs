@@ -25,6 +25,9 @@ pub struct RuntimeStats {
     pub rematerializations: u64,
     /// Allocation attempts that failed and were retried after an eviction.
     pub oom_retries: u64,
+    /// Op calls repeated after the real device ran out of memory inside them
+    /// ([`crate::OpError::out_of_memory`]) and the runtime evicted.
+    pub device_oom_retries: u64,
     /// Allocations that needed at least one eviction.
     pub evicting_allocations: u64,
     /// Sum over [`RuntimeStats::evicting_allocations`] of the free bytes inside the

@@ -317,3 +317,144 @@ fn runtime_is_send_for_send_values() {
     assert_send::<Runtime<u64>>();
     assert_send::<Runtime<Vec<f32>>>();
 }
+
+/// A value that occupies `bytes` of a shared "real device" while it lives: the
+/// device is smaller than the runtime's budget (memory the model does not see).
+struct DevVal {
+    v: u64,
+    bytes: u64,
+    used: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Drop for DevVal {
+    fn drop(&mut self) {
+        self.used
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// An op whose output needs room on the real device, failing as a CUDA OOM would.
+struct DevOp {
+    seed: u64,
+    bytes: u64,
+    capacity: u64,
+    used: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl OpHandle<DevVal> for DevOp {
+    fn name(&self) -> &str {
+        "devop"
+    }
+    fn compute(&self, ins: &[&DevVal]) -> Result<Vec<DevVal>, OpError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.used.load(SeqCst);
+        if now + self.bytes > self.capacity {
+            return Err(OpError::out_of_memory(
+                "devop",
+                format!(
+                    "CUDA_ERROR_OUT_OF_MEMORY: {now} B used of {}",
+                    self.capacity
+                ),
+            ));
+        }
+        self.used.fetch_add(self.bytes, SeqCst);
+        let h = ins.iter().fold(self.seed, |h, x| mix(h, x.v));
+        Ok(vec![DevVal {
+            v: h,
+            bytes: self.bytes,
+            used: self.used.clone(),
+        }])
+    }
+}
+
+#[test]
+fn device_out_of_memory_inside_an_op_evicts_and_retries() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    let used = Arc::new(AtomicU64::new(0));
+    // The model allows 10 values; the real device holds 4.
+    let c = DtrConfig::default()
+        .with_budget(10 * 100)
+        .with_budget_mode(BudgetMode::Logical)
+        .with_policy(PolicyKind::DtrEq)
+        .with_sampling(false);
+    let mut rt: Runtime<DevVal> = Runtime::new(c).unwrap();
+    used.fetch_add(100, SeqCst);
+    let x = rt
+        .put(
+            DevVal {
+                v: 7,
+                bytes: 100,
+                used: used.clone(),
+            },
+            100,
+        )
+        .unwrap();
+    let op: Arc<dyn OpHandle<DevVal>> = Arc::new(DevOp {
+        seed: 3,
+        bytes: 100,
+        capacity: 400,
+        used: used.clone(),
+    });
+    let mut ts = vec![x];
+    for _ in 0..8 {
+        let prev = *ts.last().unwrap();
+        ts.push(
+            rt.apply(op.clone(), &[prev], &[OutputSpec::fresh(100)], 1)
+                .unwrap()[0],
+        );
+    }
+    let retries = rt.stats().device_oom_retries;
+    assert!(retries > 0, "the device should have run out: {retries}");
+    assert!(used.load(SeqCst) <= 400);
+    // Every value, regenerated under the same real limit, equals the chain's.
+    let mut expect = 7u64;
+    for &t in &ts[1..] {
+        expect = mix(3, expect);
+        assert_eq!(rt.access(t).unwrap().v, expect);
+    }
+    rt.check_invariants().unwrap();
+
+    // Pin what is resident: nothing left to evict, so the error is typed.
+    let resident: Vec<_> = ts
+        .iter()
+        .copied()
+        .filter(|&t| rt.is_resident(t).unwrap())
+        .collect();
+    for &t in &resident {
+        rt.pin(t).unwrap();
+    }
+    let last = *ts.last().unwrap();
+    match rt.apply(op.clone(), &[last], &[OutputSpec::fresh(100)], 1) {
+        Err(Error::DeviceOutOfMemory(e)) => {
+            assert_eq!(e.op, "devop");
+            assert!(e.message.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{e}");
+            assert_eq!(e.figures.evictable, 0, "{e}");
+            assert_eq!(e.figures.pinned, 300, "{e}");
+        }
+        other => panic!("expected a device OOM, got {:?}", other.map(|_| ())),
+    }
+    for &t in &resident {
+        rt.unpin(t).unwrap();
+    }
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn free_up_evicts_at_least_what_was_asked() {
+    let mut rt = logical(1 << 20, PolicyKind::Lru);
+    let x = rt.put(1, 100).unwrap();
+    let mut prev = x;
+    for s in 0..5 {
+        prev = rt
+            .apply(op(s, 1), &[prev], &[OutputSpec::fresh(100)], 1)
+            .unwrap()[0];
+    }
+    rt.pin(prev).unwrap();
+    assert_eq!(rt.free_up(150).unwrap(), 200);
+    assert_eq!(rt.stats().live_bytes, 400);
+    // Only the input (external) and the pinned last value stay.
+    assert_eq!(rt.free_up(u64::MAX).unwrap(), 200);
+    assert_eq!(rt.free_up(1).unwrap(), 0);
+    rt.unpin(prev).unwrap();
+    rt.check_invariants().unwrap();
+}
