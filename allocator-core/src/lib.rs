@@ -84,7 +84,7 @@ pub use snapshot::{BlockState, Snapshot, TraceAction, TraceEntry};
 pub use stats::{DeviceStats, Stat, StatArray};
 
 #[cfg(feature = "cuda")]
-pub use device::CudaDevice;
+pub use device::{CudaDevice, CudaPool, PoolUsage};
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

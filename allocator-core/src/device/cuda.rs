@@ -139,7 +139,7 @@ impl fmt::Debug for CudaDevice {
 }
 
 /// A driver error as a [`DeviceError::Other`] naming the call.
-fn driver_error(call: &str, e: DriverError) -> DeviceError {
+pub(super) fn driver_error(call: &str, e: DriverError) -> DeviceError {
     DeviceError::Other(format!("{call} failed: {e}"))
 }
 
@@ -154,7 +154,7 @@ fn alloc_error(call: &str, e: DriverError, requested: usize) -> DeviceError {
 }
 
 /// Makes `ctx` current on the calling thread unless it already is.
-fn bind(ctx: sys::CUcontext) -> Result<(), DeviceError> {
+pub(super) fn bind(ctx: sys::CUcontext) -> Result<(), DeviceError> {
     match result::ctx::get_current() {
         Ok(Some(current)) if current == ctx => Ok(()),
         _ => {
@@ -166,7 +166,7 @@ fn bind(ctx: sys::CUcontext) -> Result<(), DeviceError> {
 }
 
 /// The first of `names` that the loaded driver library does not export.
-fn first_missing_symbol(names: &[&'static str]) -> Option<&'static str> {
+pub(super) fn first_missing_symbol(names: &[&'static str]) -> Option<&'static str> {
     // SAFETY: only called after `sys::is_culib_present()` returned true, so
     // `culib()` finds a library instead of panicking; loading it runs its
     // initialisers, which is how cudarc itself loads the driver on first use.

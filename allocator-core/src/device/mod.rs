@@ -13,18 +13,25 @@
 //!   benches and DTR's physical budget.
 //! - [`HostDevice`]: real host memory, so tests can write and read bytes.
 //! - `CudaDevice` (feature `cuda`): cudarc's driver API, loaded at run time.
+//!
+//! Not a device: `CudaPool` (feature `cuda`) reads and trims the driver's
+//! stream-ordered pool that frameworks without an allocator hook allocate from.
 
 mod host;
 mod simulated;
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_pool;
 
 pub use host::HostDevice;
 pub use simulated::{SimOp, SimulatedDevice, SimulatedDeviceBuilder};
 
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDevice;
+#[cfg(feature = "cuda")]
+pub use cuda_pool::{CudaPool, PoolUsage};
 
 use std::fmt;
 
