@@ -198,6 +198,9 @@ pub(crate) struct Inner {
     bwd_error: Mutex<Option<Error>>,
     dropout_seed: AtomicU64,
     budget: Option<u64>,
+    /// The eviction threshold of the configuration; calibration never raises
+    /// the runtime's above it.
+    pub(crate) configured_threshold: Option<u64>,
 }
 
 impl Inner {
@@ -326,6 +329,7 @@ impl Remat {
             });
         }
         let budget = dtr.budget;
+        let configured_threshold = dtr.threshold;
         let rt = match (&config.allocator, dtr.budget_mode, budget) {
             (Some(alloc), BudgetMode::Physical, Some(b)) => {
                 let memory = PhysicalBudget::with_config(b, alloc.clone())?;
@@ -342,6 +346,7 @@ impl Remat {
                 bwd_error: Mutex::new(None),
                 dropout_seed: AtomicU64::new(config.dropout_seed),
                 budget,
+                configured_threshold,
             }),
         })
     }
@@ -457,6 +462,7 @@ impl Remat {
             ("fake deletes", s.fake_deletes.to_string()),
             ("rematerializations", s.rematerializations.to_string()),
             ("OOM retries", s.oom_retries.to_string()),
+            ("device OOM retries", s.device_oom_retries.to_string()),
             (
                 "compute / remat cost",
                 format!("{:.3} / {:.3} ms", s.compute_ns / 1e6, s.remat_ns / 1e6),

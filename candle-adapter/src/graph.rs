@@ -32,6 +32,7 @@ use remat_dtr::{OpError, OpHandle, OutputSpec, Runtime, TensorId};
 
 use crate::cell::{put_storage, storage_addr, take_storage, tensor_bytes, Cell};
 use crate::context::Inner;
+use crate::device::{evict_after_oom, is_device_oom, retry_on_device_oom};
 use crate::error::{Error, Result};
 use crate::tensor::RTensor;
 
@@ -76,7 +77,14 @@ impl OpHandle<Cell> for Recompute {
     }
 
     fn compute(&self, _inputs: &[&Cell]) -> std::result::Result<Vec<Cell>, OpError> {
-        let err = |e: candle_core::Error| OpError::new(self.name, e.to_string());
+        let err = |e: candle_core::Error| {
+            if is_device_oom(&e) {
+                // The runtime evicts and calls again.
+                OpError::out_of_memory(self.name, e.to_string())
+            } else {
+                OpError::new(self.name, e.to_string())
+            }
+        };
         let out = run_fwd(&*self.fwd, &self.inputs).map_err(err)?;
         if out.shape() != self.target.shape() || out.dtype() != self.target.dtype() {
             return Err(OpError::new(
@@ -149,14 +157,21 @@ impl NodeState {
         };
         let det: Vec<Tensor> = args.iter().map(|a| a.detach()).collect();
         let out = self.needs_output.then(|| res.detach());
-        let result = (self.vjp)(&det, out.as_ref(), grad);
+        // The gradient's allocations happen outside the runtime: on a device
+        // OOM, evict (the inputs and output are pinned) and compute again.
+        let result = retry_on_device_oom(
+            self.name,
+            tensor_bytes(grad),
+            || (self.vjp)(&det, out.as_ref(), grad),
+            |hint| evict_after_oom(&mut *self.ctx.lock()?, hint),
+        );
         drop((det, out));
         let mut rt = self.ctx.lock().map_err(|e| self.ctx.stash_bwd_error(e))?;
         for id in pinned {
             rt.unpin(id)
                 .map_err(|e| self.ctx.stash_bwd_error(e.into()))?;
         }
-        let grads = result?;
+        let grads = result.map_err(|e| self.ctx.stash_bwd_error(e))?;
         if grads.len() != args.len() {
             return Err(candle_core::Error::Msg(format!(
                 "remat: vjp of `{}` returned {} gradients for {} inputs",
@@ -380,8 +395,22 @@ pub(crate) fn apply(
             pinned.push(id);
         }
         let det: Vec<Tensor> = inputs.iter().map(|t| t.attached().detach()).collect();
-        let start = Instant::now();
-        let out = run_fwd(&*fwd, &det)?;
+        let in_bytes = ids
+            .iter()
+            .map(|&id| rt.bytes(id))
+            .sum::<remat_dtr::Result<u64>>()?;
+        let mut start = Instant::now();
+        // candle allocates the output itself: on a device OOM evict (the inputs
+        // are pinned) and run again; the cost counts the successful run only.
+        let out = retry_on_device_oom(
+            name,
+            in_bytes,
+            || {
+                start = Instant::now();
+                run_fwd(&*fwd, &det)
+            },
+            |hint| evict_after_oom(&mut rt, hint),
+        )?;
         let elapsed = start.elapsed();
         let bytes = tensor_bytes(&out);
         let cost = ctx.cost_of(elapsed, bytes);

@@ -60,13 +60,20 @@
 //! - Eviction happens at op boundaries only. On CPU the budget is a placement
 //!   model (remat-alloc's caching allocator over a simulated device of the
 //!   budget's size): an allocation that fails there evicts and retries.
+//! - A device out-of-memory error inside an op (forward, rematerialization or
+//!   backward) evicts and runs the op again; when nothing is left to evict it is
+//!   a typed [`remat_dtr::Error::DeviceOutOfMemory`] with the runtime's figures.
 //! - Feature `cuda` enables candle's CUDA backend (needs nvcc); the evict/restore
 //!   in-place ops support CUDA storages. Candle allocates through cudarc, which has
-//!   no allocator hook, so on CUDA too the budget is enforced on the placement
-//!   model, not on the driver pool. It is not compile-checked where nvcc is absent.
+//!   no allocator hook: the budget is enforced on the placement model, and
+//!   [`Remat::calibrate`] / [`Remat::empty_cache`] (feature `cuda-pool`, part of
+//!   `cuda`) read and trim the driver pool. The [`device`] module says exactly
+//!   what remat-alloc does and does not serve. `cuda` is not compile-checked where
+//!   nvcc is absent; `cuda-pool` is (it needs no nvcc).
 
 pub mod cell;
 pub mod context;
+pub mod device;
 pub mod error;
 mod graph;
 pub mod nn;
@@ -74,5 +81,6 @@ pub mod tensor;
 
 pub use cell::Cell;
 pub use context::{Budget, CostModel, Remat, RematConfig};
+pub use device::{is_device_oom, DeviceMemory};
 pub use error::{Error, Result};
 pub use tensor::{dropout_mask, Pinned, RTensor};

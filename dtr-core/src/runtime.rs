@@ -1299,18 +1299,13 @@ impl<V> Runtime<V> {
                 Err(e) if e.out_of_memory => e,
                 Err(e) => return Err(e.into()),
             };
-            self.stats.device_oom_retries += 1;
             tracing::debug!(target: "remat_dtr::oom", op = op.name(), hint, retries, message = %err.message, "device out of memory; evicting");
-            if self.free_up(hint.max(1))? == 0 {
-                let figures = match self.impossible(hint) {
-                    Error::ImpossibleBudget(report) => *report,
-                    _ => ImpossibleBudget::default(),
-                };
+            if self.recover_from_device_oom(hint)? == 0 {
                 return Err(Error::DeviceOutOfMemory(Box::new(DeviceOutOfMemory {
                     op: err.op,
                     message: err.message,
                     retries,
-                    figures,
+                    figures: self.memory_report(hint),
                 })));
             }
             retries += 1;
@@ -1337,6 +1332,16 @@ impl<V> Runtime<V> {
             }
         }
         Ok(start.saturating_sub(self.stats.live_bytes))
+    }
+
+    /// An op failed because the real device ran out of memory: count it, and
+    /// evict at least `hint` bytes (one storage when `hint` is 0) with
+    /// [`Runtime::free_up`]. Returns the bytes freed; 0 means nothing is left to
+    /// evict and retrying is pointless (report [`Error::DeviceOutOfMemory`] with
+    /// [`Runtime::memory_report`]).
+    pub fn recover_from_device_oom(&mut self, hint: u64) -> Result<u64> {
+        self.stats.device_oom_retries += 1;
+        self.free_up(hint.max(1))
     }
 
     /// Set (or clear) the byte threshold: before each op, evict while resident
@@ -1378,6 +1383,15 @@ impl<V> Runtime<V> {
 
     #[cold]
     fn impossible(&self, needed: u64) -> Error {
+        let report = self.memory_report(needed);
+        tracing::debug!(target: "remat_dtr::oom", %report, "impossible budget");
+        Error::ImpossibleBudget(Box::new(report))
+    }
+
+    /// Where the resident bytes are now (resident, evictable, pinned, not
+    /// recomputable, below the minimum evictee, free but fragmented), for a
+    /// request of `needed` bytes: the figures of an impossible budget.
+    pub fn memory_report(&self, needed: u64) -> ImpossibleBudget {
         let usage = self.memory.usage();
         let resident = self.stats.live_bytes;
         let evictable = self.graph.candidate_bytes;
@@ -1394,7 +1408,7 @@ impl<V> Runtime<V> {
                 below_min += r.bytes;
             }
         }
-        let report = ImpossibleBudget {
+        ImpossibleBudget {
             needed,
             budget: usage.capacity.unwrap_or(u64::MAX),
             resident,
@@ -1403,9 +1417,7 @@ impl<V> Runtime<V> {
             not_recomputable,
             below_min_evictee: below_min,
             free_but_fragmented: self.memory.free_bytes(),
-        };
-        tracing::debug!(target: "remat_dtr::oom", %report, "impossible budget");
-        Error::ImpossibleBudget(Box::new(report))
+        }
     }
 
     /// Fill the decision pool: all candidates or a seeded ⌈√N⌉ sample, without
