@@ -18,13 +18,15 @@
 //! every group of driver calls, so the device may be used from any thread (one
 //! at a time: every method takes `&mut self`).
 //!
-//! **No driver.** cudarc panics on first use when `libcuda` cannot be loaded, and
-//! when a symbol is missing. [`CudaDevice::new`] therefore first asks cudarc
-//! whether the library loads (`sys::is_culib_present`), then checks that every
-//! driver entry point this module calls is exported, and only then calls the
-//! driver; each failure is a [`DeviceError::Unavailable`], never a panic. This
-//! relies on cudarc's dynamic loading (the workspace's cudarc features); cudarc
-//! built with `dynamic-linking` instead does not provide these checks.
+//! **No driver.** cudarc (loading dynamically, the workspace's setting) panics
+//! on first use when `libcuda` cannot be loaded, and when a symbol is missing.
+//! [`CudaDevice::new`] therefore first loads the driver library itself
+//! (`libloading`, the names cudarc tries), checks that every driver entry point
+//! this module calls is exported, and only then calls the driver; each failure
+//! is a [`DeviceError::Unavailable`], never a panic. The check does not depend
+//! on how cudarc links the driver: when another crate in the build (candle)
+//! turns on cudarc's `dynamic-linking`, the program links `libcuda` at start
+//! and the same checks still run.
 //!
 //! Virtual memory ([`Device::virtual_memory`]) is offered only when the device
 //! reports `CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED` (the
@@ -37,6 +39,7 @@ use cudarc::driver::sys;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_int;
 use std::fmt;
+use std::sync::OnceLock;
 
 /// Driver entry points every [`CudaDevice`] calls; all must be exported by
 /// `libcuda` before any is called (cudarc panics on a missing symbol).
@@ -165,12 +168,37 @@ pub(super) fn bind(ctx: sys::CUcontext) -> Result<(), DeviceError> {
     }
 }
 
-/// The first of `names` that the loaded driver library does not export.
+/// The CUDA driver library, or `None` when no candidate name loads.
+///
+/// Loaded here rather than through cudarc: cudarc's own loader (`sys::culib`)
+/// exists only when cudarc is built for dynamic loading, and candle builds it
+/// with `dynamic-linking`, where the driver is linked at program start. Either
+/// way this finds the same library and lets every entry point be checked
+/// before cudarc calls (and, when loading dynamically, panics on) a missing one.
+pub(super) fn driver_library() -> Option<&'static libloading::Library> {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    static LIB: OnceLock<Option<libloading::Library>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let names = [
+            format!("{DLL_PREFIX}cuda{DLL_SUFFIX}"),
+            format!("{DLL_PREFIX}cuda{DLL_SUFFIX}.1"),
+            format!("{DLL_PREFIX}nvcuda{DLL_SUFFIX}"),
+        ];
+        names.iter().find_map(|name| {
+            // SAFETY: loading the driver library runs its initialisers, which is
+            // how cudarc loads it too; nothing else is called here.
+            unsafe { libloading::Library::new(name) }.ok()
+        })
+    })
+    .as_ref()
+}
+
+/// The first of `names` that the driver library does not export (all of them
+/// when there is no driver library).
 pub(super) fn first_missing_symbol(names: &[&'static str]) -> Option<&'static str> {
-    // SAFETY: only called after `sys::is_culib_present()` returned true, so
-    // `culib()` finds a library instead of panicking; loading it runs its
-    // initialisers, which is how cudarc itself loads the driver on first use.
-    let lib = unsafe { sys::culib() };
+    let Some(lib) = driver_library() else {
+        return names.first().copied();
+    };
     names.iter().copied().find(|&name| {
         // SAFETY: the symbol is only looked up, never called or dereferenced
         // through this type, so the pointer type is irrelevant.
@@ -214,10 +242,7 @@ impl CudaDevice {
     /// library is missing or too old, when `cuInit` fails (e.g. no GPU) or when
     /// there is no device `ordinal`.
     pub fn new(ordinal: usize) -> Result<Self, DeviceError> {
-        // SAFETY: `is_culib_present` only tries to load each candidate driver
-        // library name and drops the handle again; loading libcuda runs its
-        // initialisers, which is how cudarc loads the driver on first use.
-        if !unsafe { sys::is_culib_present() } {
+        if driver_library().is_none() {
             return Err(DeviceError::Unavailable(
                 "the CUDA driver library (libcuda) could not be loaded".into(),
             ));
@@ -840,8 +865,7 @@ mod tests {
 
     #[test]
     fn new_without_a_driver_is_an_error_not_a_panic() {
-        // SAFETY: as in `CudaDevice::new`.
-        let driver_present = unsafe { sys::is_culib_present() };
+        let driver_present = driver_library().is_some();
         let result = CudaDevice::new(0);
         if driver_present {
             eprintln!(

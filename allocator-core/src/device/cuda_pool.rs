@@ -19,7 +19,7 @@
 //! [`super::CudaDevice`], a missing driver or entry point is a
 //! [`DeviceError::Unavailable`], never a panic.
 
-use super::cuda::{bind, driver_error, first_missing_symbol};
+use super::cuda::{bind, driver_error, driver_library, first_missing_symbol};
 use super::{DeviceError, MemInfo};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
@@ -107,8 +107,7 @@ impl CudaPool {
     /// synchronous `cuMemAlloc`s, which no pool counts: use
     /// [`super::Device::mem_info`]-style device figures instead).
     pub fn open(ordinal: usize) -> Result<Self, DeviceError> {
-        // SAFETY: as in `CudaDevice::new`: only loads and drops the library.
-        if !unsafe { sys::is_culib_present() } {
+        if driver_library().is_none() {
             return Err(DeviceError::Unavailable(
                 "the CUDA driver library (libcuda) could not be loaded".into(),
             ));
@@ -254,8 +253,7 @@ mod tests {
 
     #[test]
     fn open_without_a_driver_is_an_error_not_a_panic() {
-        // SAFETY: as in `CudaPool::open`.
-        let driver_present = unsafe { sys::is_culib_present() };
+        let driver_present = driver_library().is_some();
         let result = CudaPool::open(0);
         if driver_present {
             eprintln!("CUDA driver present: CudaPool::open(0) = {result:?}");
