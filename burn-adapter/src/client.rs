@@ -174,6 +174,20 @@ impl<B: BackendIr> DtrClient<B> {
         }
     }
 
+    /// Bytes of resident storages in the runtime's model, the budget, and the
+    /// threshold in force.
+    pub(crate) fn model_figures(&self) -> (u64, Option<u64>, Option<u64>) {
+        let st = self.lock();
+        let c = st.rt.config();
+        (st.rt.stats().live_bytes, c.budget, c.threshold)
+    }
+
+    /// Set the runtime's eviction threshold (see
+    /// [`remat_dtr::Runtime::set_threshold`]).
+    pub(crate) fn set_threshold(&self, bytes: Option<u64>) {
+        self.lock().rt.set_threshold(bytes);
+    }
+
     /// Take the error that poisoned the client.
     pub fn take_error(&self) -> Option<Error> {
         self.lock().error.take()

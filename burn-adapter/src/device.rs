@@ -164,6 +164,111 @@ impl<B: BackendIr> DtrDevice<B> {
     pub fn evict_all(&self) -> Result<usize> {
         get_client::<DtrChannel<B>>(self).evict_all()
     }
+
+    /// Wait for the inner device, then ask the inner backend to release the
+    /// memory its pools cache ([`Backend::memory_cleanup`]: cubecl's
+    /// `memory_cleanup` on CUDA; nothing on NdArray). The `empty_cache()` of
+    /// this backend.
+    pub fn empty_cache(&self) -> Result<()> {
+        B::sync(&self.inner).map_err(|e| Error::Inner(format!("sync before cleanup: {e:?}")))?;
+        B::memory_cleanup(&self.inner);
+        Ok(())
+    }
+
+    /// Calibrate the placement model to the real device: `outside` bytes are
+    /// live on the device but not in the model (temporaries, padding, tensors
+    /// of other code). Lowers the runtime's eviction threshold to
+    /// `budget − outside` (never above a threshold set in the configuration),
+    /// so that before each op the runtime evicts until the model plus the rest
+    /// fit the budget. Without a budget it changes nothing.
+    pub fn calibrate_to(&self, outside: u64) -> Result<DeviceMemory> {
+        let client = get_client::<DtrChannel<B>>(self);
+        let (live, budget, threshold) = client.model_figures();
+        let configured = self.options()?.config.threshold;
+        let mut m = DeviceMemory {
+            model_live: live,
+            budget,
+            outside_model: Some(outside),
+            threshold,
+            ..DeviceMemory::default()
+        };
+        if let Some(b) = budget {
+            let calibrated = b.saturating_sub(outside);
+            let t = configured.map_or(calibrated, |c| c.min(calibrated));
+            client.set_threshold(Some(t));
+            m.threshold = Some(t);
+        }
+        Ok(m)
+    }
+}
+
+/// The inner backend's device pool, read from outside: implemented for
+/// cubecl backends (feature `cuda`), whose memory management reports its usage
+/// but takes no allocator hook.
+pub trait PoolReport: BackendIr {
+    /// `(bytes in use, bytes reserved)` of `device`'s pools.
+    fn pool_usage(device: &Self::Device) -> Result<(u64, u64)>;
+}
+
+#[cfg(feature = "cuda")]
+impl<R, F, I, BT> PoolReport for burn_cubecl::CubeBackend<R, F, I, BT>
+where
+    R: burn_cubecl::CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
+    fn pool_usage(device: &R::CubeDevice) -> Result<(u64, u64)> {
+        let u = <R as burn_cubecl::cubecl::Runtime>::client(device)
+            .memory_usage()
+            .map_err(|e| Error::Inner(format!("cubecl memory_usage: {e:?}")))?;
+        Ok((u.bytes_in_use, u.bytes_reserved))
+    }
+}
+
+impl<B: PoolReport> DtrDevice<B> {
+    /// The placement model next to the inner backend's pools.
+    pub fn device_memory(&self) -> Result<DeviceMemory> {
+        let (live, budget, threshold) = get_client::<DtrChannel<B>>(self).model_figures();
+        let (used, reserved) = B::pool_usage(&self.inner)?;
+        Ok(DeviceMemory {
+            model_live: live,
+            budget,
+            pool_used: Some(used),
+            pool_reserved: Some(reserved),
+            outside_model: Some(used.saturating_sub(live)),
+            threshold,
+        })
+    }
+
+    /// [`DtrDevice::calibrate_to`] with what the pools report: `outside` is
+    /// their bytes in use minus the model's resident bytes. Call it between
+    /// steps.
+    pub fn calibrate(&self) -> Result<DeviceMemory> {
+        let m = self.device_memory()?;
+        let cal = self.calibrate_to(m.outside_model.unwrap_or(0))?;
+        Ok(DeviceMemory {
+            threshold: cal.threshold,
+            ..m
+        })
+    }
+}
+
+/// The placement model and the device's pools side by side, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceMemory {
+    /// Resident bytes in the runtime's model.
+    pub model_live: u64,
+    /// The budget, when there is one.
+    pub budget: Option<u64>,
+    /// The inner pools' bytes in use (`None` when not read).
+    pub pool_used: Option<u64>,
+    /// The inner pools' reserved bytes.
+    pub pool_reserved: Option<u64>,
+    /// Live device bytes the model does not count.
+    pub outside_model: Option<u64>,
+    /// The eviction threshold in force.
+    pub threshold: Option<u64>,
 }
 
 impl<B: BackendIr> Clone for DtrDevice<B> {

@@ -31,6 +31,10 @@ pub enum Error {
     /// An operation the adapter cannot run (custom or distributed ops).
     #[error("unsupported operation: {0}")]
     Unsupported(String),
+    /// The inner backend reported an error (a failed sync, an unreadable
+    /// memory pool), in its words.
+    #[error("inner backend: {0}")]
+    Inner(String),
     /// A device slot that was never created.
     #[error("unknown DTR device slot {0}")]
     UnknownDevice(u16),

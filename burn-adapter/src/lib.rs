@@ -60,7 +60,12 @@
 //!   remat-alloc's caching allocator over a simulated device of the budget's size,
 //!   so rounding and fragmentation count. With `cuda`, cubecl's memory management
 //!   exposes no allocator hook in any version: remat-alloc stays a placement
-//!   model, to be calibrated by the pool usage the backend reports.
+//!   model. [`DtrDevice::calibrate`] (for backends implementing [`PoolReport`]:
+//!   cubecl's, with `cuda`) reads the pools' bytes in use, takes what the model
+//!   does not count and lowers the eviction threshold to `budget − outside`;
+//!   [`DtrDevice::calibrate_to`] does the same with a figure you supply, and
+//!   [`DtrDevice::empty_cache`] syncs and calls the inner backend's
+//!   `memory_cleanup`.
 //! - **Training loops seal.** Burn's optimizers are functional (new parameters are
 //!   computed from the old ones), so call [`DtrDevice::seal`] after each
 //!   optimizer step: every live tensor becomes a root and the step's records are
@@ -100,7 +105,7 @@ mod op;
 pub use channel::{DtrBridge, DtrChannel};
 pub use client::{DtrClient, DtrStats};
 pub use cost::CostModel;
-pub use device::{DtrDevice, DtrOptions};
+pub use device::{DeviceMemory, DtrDevice, DtrOptions, PoolReport};
 pub use error::{Error, Result};
 pub use op::Resident;
 

@@ -300,3 +300,39 @@ fn physical_budget_places_with_the_caching_allocator() {
     assert!(s.memory.peak_reserved <= 24 << 20, "{s}");
     assert!(device.take_error().is_none());
 }
+
+#[test]
+fn calibration_lowers_the_eviction_threshold_and_cleanup_runs() {
+    // 64 KiB tensors under a 4 MiB logical budget: nothing needs evicting until
+    // calibration says 3.5 MiB of the device are used outside the model.
+    let config = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_budget(4 << 20);
+    let device = DtrDevice::<NdArray>::new(NdArrayDevice::Cpu, config).expect("device");
+    let mut t = Tensor::<Plain, 1>::zeros([16 * 1024], &device);
+    let mut all = Vec::new();
+    for _ in 0..12 {
+        t = t + 0.5;
+        all.push(t.clone());
+    }
+    let _ = bits(t.clone());
+    assert_eq!(device.stats().runtime.evictions, 0);
+    let m = device.calibrate_to(7 << 19).expect("calibrate");
+    assert_eq!(m.threshold, Some(1 << 19));
+    assert_eq!(m.outside_model, Some(7 << 19));
+    assert!(m.model_live > 1 << 19, "{m:?}");
+    // The next op evicts down to the threshold first.
+    let u = t + 1.0;
+    let s = device.stats();
+    assert!(s.runtime.evictions > 0, "{s}");
+    assert!(s.runtime.live_bytes <= (1 << 19) + (64 << 10), "{s}");
+    // Every value is still right.
+    for (k, x) in all.into_iter().enumerate().rev() {
+        let want = (0.5f32 * (k + 1) as f32).to_bits();
+        assert!(bits(x).iter().all(|&b| b == want), "tensor {k}");
+    }
+    assert!(bits(u).iter().all(|&b| b == 7.0f32.to_bits()));
+    // NdArray has no pools to trim; the call still syncs and succeeds.
+    device.empty_cache().expect("empty_cache");
+    assert!(device.take_error().is_none());
+}
