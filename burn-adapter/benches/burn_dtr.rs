@@ -16,8 +16,8 @@ use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use model::{param_bits, train, Dims, TinyNet};
-use remat_burn::{Dtr, DtrDevice};
+use model::{adam, param_bits, train, Dims, TinyNet};
+use remat_burn::{Dtr, DtrDevice, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig};
 
 type Ref = Autodiff<NdArray>;
@@ -35,9 +35,7 @@ fn unconstrained_peak(d: &Dims) -> u64 {
     Ours::seed(&device, 7);
     let model = TinyNet::<Ours>::new(d, &device);
     let _ = param_bits(&model);
-    let _ = train(model, d, 1, false, &device, &mut || {
-        let _ = device.seal();
-    });
+    let _ = train(model, d, 1, false, &device, Sealing::new(adam(), &device));
     device.stats().memory.peak_allocated
 }
 
@@ -53,7 +51,7 @@ fn bench(c: &mut Criterion) {
     let model = TinyNet::<Ref>::new(&d, &device);
     let _ = param_bits(&model);
     group.bench_function("autodiff_ndarray", |b| {
-        b.iter(|| black_box(train(model.clone(), &d, 1, false, &device, &mut || {})))
+        b.iter(|| black_box(train(model.clone(), &d, 1, false, &device, adam())))
     });
 
     for percent in [None, Some(70u64), Some(50), Some(40)] {
@@ -67,9 +65,14 @@ fn bench(c: &mut Criterion) {
         };
         group.bench_function(&name, |b| {
             b.iter(|| {
-                black_box(train(model.clone(), &d, 1, false, &device, &mut || {
-                    let _ = device.seal();
-                }))
+                black_box(train(
+                    model.clone(),
+                    &d,
+                    1,
+                    false,
+                    &device,
+                    Sealing::new(adam(), &device),
+                ))
             })
         });
         let s = device.stats();

@@ -17,8 +17,8 @@ use std::time::Instant;
 use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
-use model::{param_bits, train, Dims, TinyNet, Trace};
-use remat_burn::{Dtr, DtrDevice, DtrStats};
+use model::{adam, param_bits, train, Dims, TinyNet, Trace};
+use remat_burn::{Dtr, DtrDevice, DtrStats, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig};
 
 type Ours = Autodiff<Dtr<NdArray>>;
@@ -38,16 +38,15 @@ fn run(d: &Dims, steps: usize, budget: Option<u64>) -> Result<(Trace, DtrStats, 
     let model = TinyNet::<Ours>::new(d, &device);
     let _ = param_bits(&model); // initialize every parameter now, in a fixed order
     let start = Instant::now();
-    let mut seal = || {
-        // Between steps: the new parameters and optimizer state become roots.
-        let _ = device.seal();
-    };
+    // Between steps the new parameters and optimizer state become roots: the
+    // optimizer wrapper seals the device after each step.
+    let optim = Sealing::new(adam(), &device);
     // Reads inside the training loop (`into_data`) panic on a device error; the
     // typed error is then taken from the device (the panic message is muted).
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let trace = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(model, d, steps, false, &device, &mut seal)
+        train(model, d, steps, false, &device, optim)
     }));
     std::panic::set_hook(hook);
     let secs = start.elapsed().as_secs_f64();
@@ -65,7 +64,7 @@ fn run_reference(d: &Dims, steps: usize) -> (Trace, f64) {
     let model = TinyNet::<Autodiff<NdArray>>::new(d, &device);
     let _ = param_bits(&model);
     let start = Instant::now();
-    let trace = train(model, d, steps, false, &device, &mut || {});
+    let trace = train(model, d, steps, false, &device, adam());
     (trace, start.elapsed().as_secs_f64())
 }
 

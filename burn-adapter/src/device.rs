@@ -166,7 +166,7 @@ impl<B: BackendIr> DtrDevice<B> {
     }
 
     /// Wait for the inner device, then ask the inner backend to release the
-    /// memory its pools cache ([`Backend::memory_cleanup`]: cubecl's
+    /// memory its pools cache (`Backend::memory_cleanup`: cubecl's
     /// `memory_cleanup` on CUDA; nothing on NdArray). The `empty_cache()` of
     /// this backend.
     pub fn empty_cache(&self) -> Result<()> {

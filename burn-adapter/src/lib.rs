@@ -66,11 +66,13 @@
 //!   [`DtrDevice::calibrate_to`] does the same with a figure you supply, and
 //!   [`DtrDevice::empty_cache`] syncs and calls the inner backend's
 //!   `memory_cleanup`.
-//! - **Training loops seal.** Burn's optimizers are functional (new parameters are
-//!   computed from the old ones), so call [`DtrDevice::seal`] after each
-//!   optimizer step: every live tensor becomes a root and the step's records are
-//!   dropped. Without it the parameters' lineage, and the uploads it reads, would
-//!   stay recorded (and those uploads resident) for the whole run.
+//! - **Training seals after each step.** Burn's optimizers are functional (new
+//!   parameters are computed from the old ones), so the device must be sealed
+//!   after each optimizer step: every live tensor becomes a root and the step's
+//!   records are dropped. Without it the parameters' lineage, and the uploads it
+//!   reads, would stay recorded (and those uploads resident) for the whole run.
+//!   Wrap the optimizer in [`Sealing`] (feature `optim`, default) and it happens
+//!   inside `step`; or call [`DtrDevice::seal`] yourself.
 //! - **Errors.** Burn's op methods return nothing, so an error (for instance
 //!   [`remat_dtr::Error::ImpossibleBudget`]) poisons the device's client: later
 //!   ops are skipped, the next `Tensor::try_into_data` or `Backend::sync` returns
@@ -101,6 +103,8 @@ mod cost;
 mod device;
 mod error;
 mod op;
+#[cfg(feature = "optim")]
+mod optim;
 
 pub use channel::{DtrBridge, DtrChannel};
 pub use client::{DtrClient, DtrStats};
@@ -108,6 +112,8 @@ pub use cost::CostModel;
 pub use device::{DeviceMemory, DtrDevice, DtrOptions, PoolReport};
 pub use error::{Error, Result};
 pub use op::Resident;
+#[cfg(feature = "optim")]
+pub use optim::Sealing;
 
 /// Re-exported so that users name one version of the DTR runtime's config.
 pub use remat_dtr;

@@ -10,8 +10,8 @@ use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
 use burn_tensor::{Distribution, Int, Tensor, TensorData};
-use model::{param_bits, train, Dims, TinyNet, Trace};
-use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions};
+use model::{adam, param_bits, train, Dims, TinyNet, Trace};
+use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
 
 type Ref = Autodiff<NdArray>;
@@ -56,7 +56,7 @@ fn reference(d: &Dims) -> (Vec<Vec<u32>>, Trace) {
         let init = param_bits(&model);
         (model, init)
     };
-    (init, train(model, d, STEPS, true, &device, &mut || {}))
+    (init, train(model, d, STEPS, true, &device, adam()))
 }
 
 fn ours(d: &Dims, device: &DtrDevice<NdArray>) -> (Vec<Vec<u32>>, Trace) {
@@ -67,10 +67,8 @@ fn ours(d: &Dims, device: &DtrDevice<NdArray>) -> (Vec<Vec<u32>>, Trace) {
         let init = param_bits(&model);
         (model, init)
     };
-    let mut seal = || {
-        device.seal().expect("seal");
-    };
-    (init, train(model, d, STEPS, true, device, &mut seal))
+    let optim = Sealing::new(adam(), device);
+    (init, train(model, d, STEPS, true, device, optim))
 }
 
 #[test]

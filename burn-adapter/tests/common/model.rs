@@ -199,18 +199,22 @@ pub struct Trace {
     pub params: Vec<Vec<u32>>,
 }
 
-/// Train `model` for `steps` Adam steps; record losses (and gradients when
-/// `record_grads`). `after_step` runs after each optimizer step (the DTR runs
-/// seal their device there).
-pub fn train<B: AutodiffBackend>(
+/// Adam with burn-optim's defaults, the optimizer every run uses.
+pub fn adam<B: AutodiffBackend>() -> impl Optimizer<TinyNet<B>, B> {
+    AdamConfig::new().init::<B, TinyNet<B>>()
+}
+
+/// Train `model` for `steps` steps of `optim`; record losses (and gradients
+/// when `record_grads`). The DTR runs wrap Adam in `remat_burn::Sealing`, which
+/// seals their device after each step; the training loop is the same.
+pub fn train<B: AutodiffBackend, O: Optimizer<TinyNet<B>, B>>(
     mut model: TinyNet<B>,
     d: &Dims,
     steps: usize,
     record_grads: bool,
     device: &B::Device,
-    after_step: &mut dyn FnMut(),
+    mut optim: O,
 ) -> Trace {
-    let mut optim = AdamConfig::new().init::<B, TinyNet<B>>();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut trace = Trace::default();
     for step in 0..steps {
@@ -230,7 +234,6 @@ pub fn train<B: AutodiffBackend>(
         }
         let grads = GradientsParams::from_grads(grads, &model);
         model = optim.step(1e-3, model, grads);
-        after_step();
     }
     trace.params = param_bits(&model);
     trace
