@@ -206,6 +206,32 @@ pub(super) fn first_missing_symbol(names: &[&'static str]) -> Option<&'static st
     })
 }
 
+/// Load the driver, check that it exports every one of `symbols`, `cuInit`
+/// and `cuDeviceGet(ordinal)`: the device handle and the ordinal as a C int.
+/// Every failure is a [`DeviceError::Unavailable`] naming it, never a panic.
+pub(super) fn open_driver(
+    ordinal: usize,
+    symbols: &[&'static str],
+) -> Result<(sys::CUdevice, c_int), DeviceError> {
+    if driver_library().is_none() {
+        return Err(DeviceError::Unavailable(
+            "the CUDA driver library (libcuda) could not be loaded".into(),
+        ));
+    }
+    if let Some(name) = first_missing_symbol(symbols) {
+        return Err(DeviceError::Unavailable(format!(
+            "the CUDA driver library does not export {name} (driver too old?)"
+        )));
+    }
+    let unavailable =
+        |call: &str, e: DriverError| DeviceError::Unavailable(format!("{call} failed: {e}"));
+    result::init().map_err(|e| unavailable("cuInit", e))?;
+    let ordinal_c = c_int::try_from(ordinal)
+        .map_err(|_| DeviceError::Unavailable(format!("no CUDA device {ordinal}")))?;
+    let cu_device = result::device::get(ordinal_c).map_err(|e| unavailable("cuDeviceGet", e))?;
+    Ok((cu_device, ordinal_c))
+}
+
 /// `CUmemLocation` as C declares it: `{ CUmemLocationType type; int id; }`.
 /// cudarc's bindings name `id` differently across CUDA versions (a plain field
 /// up to 13.1, a union member since 13.2), so the value is built here and
@@ -242,23 +268,9 @@ impl CudaDevice {
     /// library is missing or too old, when `cuInit` fails (e.g. no GPU) or when
     /// there is no device `ordinal`.
     pub fn new(ordinal: usize) -> Result<Self, DeviceError> {
-        if driver_library().is_none() {
-            return Err(DeviceError::Unavailable(
-                "the CUDA driver library (libcuda) could not be loaded".into(),
-            ));
-        }
-        if let Some(name) = first_missing_symbol(CORE_SYMBOLS) {
-            return Err(DeviceError::Unavailable(format!(
-                "the CUDA driver library does not export {name} (driver too old?)"
-            )));
-        }
+        let (cu_device, ordinal_c) = open_driver(ordinal, CORE_SYMBOLS)?;
         let unavailable =
             |call: &str, e: DriverError| DeviceError::Unavailable(format!("{call} failed: {e}"));
-        result::init().map_err(|e| unavailable("cuInit", e))?;
-        let ordinal_c = c_int::try_from(ordinal)
-            .map_err(|_| DeviceError::Unavailable(format!("no CUDA device {ordinal}")))?;
-        let cu_device =
-            result::device::get(ordinal_c).map_err(|e| unavailable("cuDeviceGet", e))?;
         // SAFETY: `cu_device` was returned by `cuDeviceGet`.
         let ctx = unsafe { result::primary_ctx::retain(cu_device) }
             .map_err(|e| unavailable("cuDevicePrimaryCtxRetain", e))?;

@@ -19,11 +19,11 @@
 //! [`super::CudaDevice`], a missing driver or entry point is a
 //! [`DeviceError::Unavailable`], never a panic.
 
-use super::cuda::{bind, driver_error, driver_library, first_missing_symbol};
+use super::cuda::{bind, driver_error, open_driver};
 use super::{DeviceError, MemInfo};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 
 /// Every driver entry point a [`CudaPool`] calls.
 const POOL_SYMBOLS: &[&str] = &[
@@ -107,23 +107,9 @@ impl CudaPool {
     /// synchronous `cuMemAlloc`s, which no pool counts: use
     /// [`super::Device::mem_info`]-style device figures instead).
     pub fn open(ordinal: usize) -> Result<Self, DeviceError> {
-        if driver_library().is_none() {
-            return Err(DeviceError::Unavailable(
-                "the CUDA driver library (libcuda) could not be loaded".into(),
-            ));
-        }
-        if let Some(name) = first_missing_symbol(POOL_SYMBOLS) {
-            return Err(DeviceError::Unavailable(format!(
-                "the CUDA driver library does not export {name} (driver too old?)"
-            )));
-        }
+        let (cu_device, _) = open_driver(ordinal, POOL_SYMBOLS)?;
         let unavailable =
             |call: &str, e: DriverError| DeviceError::Unavailable(format!("{call} failed: {e}"));
-        result::init().map_err(|e| unavailable("cuInit", e))?;
-        let ordinal_c = c_int::try_from(ordinal)
-            .map_err(|_| DeviceError::Unavailable(format!("no CUDA device {ordinal}")))?;
-        let cu_device =
-            result::device::get(ordinal_c).map_err(|e| unavailable("cuDeviceGet", e))?;
         // SAFETY: `cu_device` was returned by `cuDeviceGet`.
         let pools = unsafe {
             result::device::get_attribute(
@@ -253,7 +239,7 @@ mod tests {
 
     #[test]
     fn open_without_a_driver_is_an_error_not_a_panic() {
-        let driver_present = driver_library().is_some();
+        let driver_present = super::super::cuda::driver_library().is_some();
         let result = CudaPool::open(0);
         if driver_present {
             eprintln!("CUDA driver present: CudaPool::open(0) = {result:?}");
