@@ -110,6 +110,11 @@ pub(crate) struct Graph {
     pub min_evictee_bytes: u64,
     /// Compute clock in ns (first computations and rematerializations).
     pub clock: f64,
+    /// Recent first-computation cost: op costs with a decay of
+    /// [`Graph::RECENT_DECAY`] per op run or replayed (about the last thousand).
+    pub recent_compute: f64,
+    /// Recent rematerialization cost, decayed alike.
+    pub recent_remat: f64,
     pub(crate) stamp: u32,
     pub(crate) stack: Vec<StorageId>,
     pub(crate) roots: Vec<u32>,
@@ -117,6 +122,31 @@ pub(crate) struct Graph {
 }
 
 impl Graph {
+    /// Decay of the recent cost sums per op event.
+    pub const RECENT_DECAY: f64 = 0.999;
+    /// Recent replay cost over recent first-computation cost above which the
+    /// run counts as thrashing.
+    pub const THRASH_FACTOR: f64 = 2.0;
+
+    /// Count an op run for the first time (`remat = false`) or replayed.
+    #[inline]
+    pub fn note_op_cost(&mut self, cost: f64, remat: bool) {
+        self.recent_compute *= Self::RECENT_DECAY;
+        self.recent_remat *= Self::RECENT_DECAY;
+        if remat {
+            self.recent_remat += cost;
+        } else {
+            self.recent_compute += cost;
+        }
+    }
+
+    /// Recently, replays cost more than [`Graph::THRASH_FACTOR`] times the first
+    /// computations: the run is thrashing.
+    #[inline]
+    pub fn thrashing(&self) -> bool {
+        self.recent_remat > Self::THRASH_FACTOR * self.recent_compute
+    }
+
     #[inline]
     pub(crate) fn st(&self, s: StorageId) -> &StorageRec {
         &self.storages[s.0]
@@ -358,5 +388,30 @@ impl Graph {
     /// h_DTR's exact e*: own cost plus the evicted ancestor and descendant regions.
     pub(crate) fn e_star_exact(&mut self, s: StorageId) -> f64 {
         self.st(s).cost + self.region_cost(s, true, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Graph;
+
+    #[test]
+    fn thrashing_follows_recent_replay_cost_not_the_whole_run() {
+        let mut g = Graph::default();
+        assert!(!g.thrashing());
+        for _ in 0..1000 {
+            g.note_op_cost(10.0, false);
+        }
+        g.note_op_cost(15.0, true);
+        assert!(!g.thrashing(), "a replay cheaper than the recent compute");
+        for _ in 0..50 {
+            g.note_op_cost(1000.0, true);
+        }
+        assert!(g.thrashing(), "{} vs {}", g.recent_remat, g.recent_compute);
+        // Enough first computations later, the early thrash is forgotten.
+        for _ in 0..20_000 {
+            g.note_op_cost(10.0, false);
+        }
+        assert!(!g.thrashing(), "{} vs {}", g.recent_remat, g.recent_compute);
     }
 }

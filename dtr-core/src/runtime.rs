@@ -351,6 +351,7 @@ impl<V> Runtime<V> {
         let (slots, values) = result?;
         self.graph.clock = now;
         self.stats.compute_ns += cost_ns as f64;
+        self.graph.note_op_cost(cost_ns as f64, false);
         let recomputable = op.recomputable();
         let op_id = if fresh.is_empty() {
             None
@@ -498,6 +499,7 @@ impl<V> Runtime<V> {
         };
         self.graph.clock = now;
         self.stats.compute_ns += cost_ns as f64;
+        self.graph.note_op_cost(cost_ns as f64, false);
         let recomputable_op = op.recomputable();
         let rec = OpRec {
             inputs: in_storages.clone(),
@@ -1247,6 +1249,7 @@ impl<V> Runtime<V> {
         };
         self.graph.clock += cost;
         self.stats.remat_ns += cost;
+        self.graph.note_op_cost(cost, true);
         self.stats.rematerializations += 1;
         let now = self.graph.clock;
         for (&(k, s), slot) in missing.iter().zip(slots) {

@@ -87,6 +87,12 @@ impl<'a> DecisionView<'a> {
         (pos != NONE).then(|| self.graph.hot[pos as usize])
     }
 
+    /// Whether replays have recently cost more than first computations (decayed
+    /// sums over about the last thousand ops).
+    pub fn thrashing(&self) -> bool {
+        self.graph.thrashing()
+    }
+
     /// Staleness (ns since last use, plus 1) from a [`Hot`] entry.
     #[inline]
     pub fn staleness_of(&self, h: &Hot) -> f64 {

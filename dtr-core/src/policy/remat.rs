@@ -29,6 +29,17 @@
 //!
 //! Stages 1–2 cost O(√N) hot-array reads plus a bounded walk for 16 candidates;
 //! stage 3 is O(blocks) and runs only when a physical allocation failed.
+//!
+//! **Thrash guard.** While replays have recently cost more than twice the first
+//! computations ([`crate::graph::Graph::thrashing`]: decayed sums over about
+//! the last thousand ops), every stage drops staleness from its scores. Near a
+//! model's memory floor, staleness keeps whatever was just regenerated and
+//! evicts what the next replay needs; without it the scores become MSPS-like
+//! (recompute cost per byte). On the DTR traces the guard changes no run that
+//! finishes (every status and overhead of the sweep, both modes, and of the
+//! full-scan table is identical; only runs stopped as `thrash` anyway take other
+//! paths before they stop); on the Burn test model at 35 % of its peak it turns
+//! a run that did not finish in minutes into one that finishes.
 
 use super::window::cheapest_window;
 use super::{DecisionView, EvictionPolicy};
@@ -59,18 +70,26 @@ impl EvictionPolicy for RematPolicy {
     }
 
     fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>) {
+        // While thrashing, staleness is ignored (see the module doc).
+        let use_stale = !view.thrashing();
+        let stale_of = |v: &DecisionView<'_>, h: &crate::graph::Hot| {
+            if use_stale {
+                v.staleness_of(h)
+            } else {
+                1.0
+            }
+        };
         // Stage 1: screen sample ∪ elite by the local score.
         self.screen.clear();
-        let clock = view.clock();
         for (s, h) in view.pool().iter().zip(view.pool_hot()) {
-            let stale = (clock - h.last_used).max(0.0) + 1.0;
+            let stale = stale_of(view, h);
             self.screen
                 .push((h.cost / (h.bytes.max(1) as f64 * stale), *s));
         }
         for k in 0..self.elite.len() {
             let s = self.elite[k];
             if let Some(h) = view.hot(s) {
-                let local = h.cost / (h.bytes.max(1) as f64 * view.staleness_of(&h));
+                let local = h.cost / (h.bytes.max(1) as f64 * stale_of(view, &h));
                 self.screen.push((local, s));
             }
         }
@@ -93,7 +112,7 @@ impl EvictionPolicy for RematPolicy {
                 break;
             }
             let Some(h) = view.hot(s) else { continue };
-            let stale = view.staleness_of(&h);
+            let stale = stale_of(view, &h);
             let e = view.e_star_bounded(s, Self::MAX_REGION)
                 * 1.0001f64.powi(view.recomputes(s) as i32);
             let score = e / (h.bytes.max(1) as f64 * stale);
@@ -124,7 +143,7 @@ impl EvictionPolicy for RematPolicy {
         let mut blocks = std::mem::take(&mut self.blocks);
         let w = cheapest_window(view, &mut blocks, true, |v, s| {
             v.e_star_bounded(s, Self::MAX_REGION) * 1.0001f64.powi(v.recomputes(s) as i32)
-                / v.staleness(s)
+                / if use_stale { v.staleness(s) } else { 1.0 }
         });
         self.blocks = blocks;
         match w {
