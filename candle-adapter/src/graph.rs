@@ -171,7 +171,12 @@ impl NodeState {
             rt.unpin(id)
                 .map_err(|e| self.ctx.stash_bwd_error(e.into()))?;
         }
-        let grads = result.map_err(|e| self.ctx.stash_bwd_error(e))?;
+        let grads = result.map_err(|e| match e {
+            // candle's own errors pass through as before; the runtime's (a
+            // device OOM nothing could cure) are kept typed.
+            Error::Candle(c) => c,
+            other => self.ctx.stash_bwd_error(other),
+        })?;
         if grads.len() != args.len() {
             return Err(candle_core::Error::Msg(format!(
                 "remat: vjp of `{}` returned {} gradients for {} inputs",

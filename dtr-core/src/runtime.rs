@@ -1324,7 +1324,7 @@ impl<V> Runtime<V> {
     /// never evicted.
     pub fn free_up(&mut self, bytes: u64) -> Result<u64> {
         let start = self.stats.live_bytes;
-        while start - self.stats.live_bytes.min(start) < bytes {
+        while start.saturating_sub(self.stats.live_bytes) < bytes {
             let req = Request {
                 bytes,
                 shape: Some(self.memory.shape(bytes)),
