@@ -1,0 +1,89 @@
+//! The policy probe behind docs/burn.md's "Low budgets and policies": one policy
+//! trains the test model for 3 Adam steps at a fraction of its unconstrained
+//! peak, and the result (time, bit-identity, replay cost, evictions, error) is
+//! printed. Ignored by default (thrashing runs take minutes); run by hand, one
+//! policy per process so a thrashing one can be stopped with `timeout`:
+//!
+//! ```sh
+//! PROBE_POLICY=msps PROBE_PERCENT=30 PROBE_BLOCKS=12 \
+//!   timeout 60 cargo test --release -p remat-burn --test policy_probe -- --ignored --nocapture
+//! ```
+//!
+//! `PROBE_SAMPLING=1` turns √N sampling on (default: full scan).
+
+#[path = "common/model.rs"]
+mod model;
+
+use burn_autodiff::Autodiff;
+use burn_ndarray::{NdArray, NdArrayDevice};
+use burn_tensor::backend::Backend;
+use model::{adam, param_bits, train, Dims, TinyNet};
+use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions, Sealing};
+use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
+
+type Ours = Autodiff<Dtr<NdArray>>;
+
+fn device(budget: Option<u64>, policy: PolicyKind, sampling: bool) -> DtrDevice<NdArray> {
+    let mut config = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_policy(policy)
+        .with_sampling(sampling)
+        .with_filter(false);
+    if let Some(b) = budget {
+        config = config.with_budget(b);
+    }
+    let options = DtrOptions::new(config).with_cost_model(CostModel::gpu());
+    DtrDevice::with_options(NdArrayDevice::Cpu, options).expect("device")
+}
+
+fn losses(d: &Dims, device: &DtrDevice<NdArray>) -> Option<Vec<u32>> {
+    Ours::seed(device, 7);
+    let model = TinyNet::<Ours>::new(d, device);
+    let _ = param_bits(&model);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        train(model, d, 3, false, device, Sealing::new(adam(), device)).losses
+    }))
+    .ok()
+}
+
+fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
+    match std::env::var(key) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{key}={v} does not parse")),
+        Err(_) => default,
+    }
+}
+
+#[test]
+#[ignore = "a by-hand probe: thrashing policies run for minutes"]
+fn probe() {
+    let d = Dims {
+        blocks: env("PROBE_BLOCKS", 12usize),
+        ..Dims::tiny()
+    };
+    let percent: u64 = env("PROBE_PERCENT", 30);
+    let policy: PolicyKind = env("PROBE_POLICY", PolicyKind::Remat);
+    let sampling = std::env::var("PROBE_SAMPLING").is_ok();
+    let unconstrained = device(None, PolicyKind::Msps, false);
+    let want = losses(&d, &unconstrained).expect("unconstrained run");
+    let peak = unconstrained.stats().memory.peak_allocated;
+    let dev = device(Some(peak * percent / 100), policy, sampling);
+    // Reads panic on a device error; the typed error is taken below.
+    std::panic::set_hook(Box::new(|_| {}));
+    let start = std::time::Instant::now();
+    let got = losses(&d, &dev);
+    let s = dev.stats();
+    let err = dev.take_error();
+    println!(
+        "{policy:?} blocks={} {percent} % sampling={sampling}: {:.2} s, finished={}, bit-identical={}, \
+         replay/compute={:.2}, evictions={}, error={}",
+        d.blocks,
+        start.elapsed().as_secs_f64(),
+        got.is_some() && err.is_none(),
+        got.as_ref() == Some(&want),
+        s.runtime.remat_ns / s.runtime.compute_ns.max(1.0),
+        s.runtime.evictions,
+        err.map(|e| e.to_string()).unwrap_or_default()
+    );
+}
