@@ -32,10 +32,10 @@
 //!
 //! **Thrash guard.** While replays have recently cost more than twice the first
 //! computations ([`crate::graph::Graph::thrashing`]: decayed sums over about
-//! the last thousand ops), every stage drops staleness from its scores. Near a
-//! model's memory floor, staleness keeps whatever was just regenerated and
-//! evicts what the next replay needs; without it the scores become MSPS-like
-//! (recompute cost per byte). On the DTR traces the guard changes no run that
+//! the last thousand ops), every stage drops staleness from its scores, which
+//! become MSPS-like (recompute cost per byte). Measured, not yet explained: near
+//! a Burn model's memory floor every staleness-weighted policy thrashes where
+//! MSPS does not (docs/burn.md). On the DTR traces the guard changes no run that
 //! finishes (every status and overhead of the sweep, both modes, and of the
 //! full-scan table is identical; only runs stopped as `thrash` anyway take other
 //! paths before they stop); on the Burn test model at 35 % of its peak it turns
