@@ -31,7 +31,7 @@
 //! stage 3 is O(blocks) and runs only when a physical allocation failed.
 //!
 //! **Thrash guard.** While replays have recently cost more than twice the first
-//! computations ([`crate::graph::Graph::thrashing`]: decayed sums over about
+//! computations ([`DecisionView::thrashing`]: decayed sums over about
 //! the last thousand ops), every stage drops staleness from its scores, which
 //! become MSPS-like (recompute cost per byte). Measured, not yet explained: near
 //! a Burn model's memory floor every staleness-weighted policy thrashes where
