@@ -95,7 +95,8 @@ pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, OpError, Result};
 pub use graph::{Hot, Residency};
 pub use ids::{OpId, StorageId, TensorId};
 pub use memory::{
-    AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, RequestShape, Slot,
+    AllocFailure, BlockView, FreeByPool, LogicalBudget, MemoryModel, MemoryUsage, RequestShape,
+    Slot,
 };
 pub use op::{FnOp, OpHandle, OutputSpec};
 pub use physical::PhysicalBudget;

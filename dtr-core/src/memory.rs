@@ -64,6 +64,17 @@ pub struct MemoryUsage {
     pub peak_reserved: u64,
 }
 
+/// Where the free bytes inside a budget are (models with pools).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FreeByPool {
+    /// Cached free bytes in small-pool segments (usable by requests up to 1 MiB).
+    pub small_pool: u64,
+    /// Cached free bytes in large-pool segments (usable by larger requests).
+    pub large_pool: u64,
+    /// Device bytes not reserved by any segment (room for new segments).
+    pub unreserved: u64,
+}
+
 /// What a request of `bytes` needs from the device if no cached block fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestShape {
@@ -110,6 +121,11 @@ pub trait MemoryModel: Send {
             segment: bytes,
             small: false,
         }
+    }
+
+    /// Where the free bytes are, for models with pools (`None` otherwise).
+    fn free_by_pool(&self) -> Option<FreeByPool> {
+        None
     }
 
     /// Free bytes inside the budget (what a failed request could not use).

@@ -9,7 +9,9 @@ use remat_alloc::size::{allocation_size, is_small, round_size, SMALL_BUFFER};
 use remat_alloc::{Allocation, AllocatorConfig, CachingAllocator, SimulatedDevice, StreamId};
 
 use crate::error::{Error, Result};
-use crate::memory::{AllocFailure, BlockView, MemoryModel, MemoryUsage, RequestShape, Slot};
+use crate::memory::{
+    AllocFailure, BlockView, FreeByPool, MemoryModel, MemoryUsage, RequestShape, Slot,
+};
 
 /// Key of a zero-byte slot (no allocation behind it).
 const EMPTY_KEY: u64 = u64::MAX;
@@ -182,5 +184,48 @@ impl MemoryModel for PhysicalBudget {
     fn free_bytes(&self) -> u64 {
         self.capacity
             .saturating_sub(self.alloc.memory_allocated() as u64)
+    }
+
+    fn free_by_pool(&self) -> Option<FreeByPool> {
+        let s = self.alloc.stats();
+        let cached = |reserved: i64, allocated: i64| (reserved - allocated).max(0) as u64;
+        Some(FreeByPool {
+            small_pool: cached(
+                s.reserved_bytes.small_pool.current,
+                s.allocated_bytes.small_pool.current,
+            ),
+            large_pool: cached(
+                s.reserved_bytes.large_pool.current,
+                s.allocated_bytes.large_pool.current,
+            ),
+            unreserved: self
+                .capacity
+                .saturating_sub(s.reserved_bytes.all.current.max(0) as u64),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_by_pool_splits_cached_bytes_by_pool_and_counts_unreserved_device_bytes() {
+        let mut m = PhysicalBudget::new(64 << 20).unwrap();
+        let small = m.allocate(300 << 10).unwrap(); // 2 MiB small segment
+        let large = m.allocate(3 << 20).unwrap(); // 20 MiB large segment
+        let f = m.free_by_pool().unwrap();
+        assert_eq!(f.small_pool, (2 << 20) - (300 << 10));
+        assert_eq!(f.large_pool, (20 << 20) - (3 << 20));
+        assert_eq!(f.unreserved, (64 << 20) - (22 << 20));
+        m.free(small).unwrap();
+        m.free(large).unwrap();
+        let f = m.free_by_pool().unwrap();
+        assert_eq!((f.small_pool, f.large_pool), (2 << 20, 20 << 20));
+        assert_eq!(
+            f.small_pool + f.large_pool + f.unreserved,
+            m.free_bytes(),
+            "cached plus unreserved is all the free memory"
+        );
     }
 }

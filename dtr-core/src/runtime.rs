@@ -99,14 +99,7 @@ impl<V> Runtime<V> {
     /// over a simulated device of the budget's capacity; unbounded budgets and the
     /// logical mode use [`LogicalBudget`]).
     pub fn new(config: DtrConfig) -> Result<Self> {
-        let memory: Box<dyn MemoryModel> = match (config.budget_mode, config.budget) {
-            (BudgetMode::Physical, Some(b)) => Box::new(if config.expandable_segments {
-                crate::physical::PhysicalBudget::expandable(b)?
-            } else {
-                crate::physical::PhysicalBudget::new(b)?
-            }),
-            (_, budget) => Box::new(LogicalBudget::new(budget)),
-        };
+        let memory = memory_model(&config)?;
         let policy = make_policy(config.policy, &config);
         Ok(Self::with_parts(config, memory, policy))
     }
@@ -1368,6 +1361,12 @@ impl<V> Runtime<V> {
                         first = false;
                         self.stats.evicting_allocations += 1;
                         self.stats.free_at_failure_bytes += free_bytes as f64;
+                        if let Some(f) = self.memory.free_by_pool() {
+                            let by_pool = &mut self.stats.free_at_failure_by_pool;
+                            by_pool[0] += f.small_pool as f64;
+                            by_pool[1] += f.large_pool as f64;
+                            by_pool[2] += f.unreserved as f64;
+                        }
                     }
                     self.stats.oom_retries += 1;
                     tracing::trace!(target: "remat_dtr::oom", bytes, free_bytes, "allocation failed; evicting");
@@ -1633,6 +1632,21 @@ impl<V> Runtime<V> {
         }
         Ok(())
     }
+}
+
+/// The memory model [`Runtime::new`] uses for `config`: a physical budget (a
+/// remat-alloc caching allocator over a simulated device of the budget's capacity,
+/// with expandable segments when configured), else a [`LogicalBudget`] (unbounded
+/// when there is no budget).
+pub fn memory_model(config: &DtrConfig) -> Result<Box<dyn MemoryModel>> {
+    Ok(match (config.budget_mode, config.budget) {
+        (BudgetMode::Physical, Some(b)) => Box::new(if config.expandable_segments {
+            crate::physical::PhysicalBudget::expandable(b)?
+        } else {
+            crate::physical::PhysicalBudget::new(b)?
+        }),
+        (_, budget) => Box::new(LogicalBudget::new(budget)),
+    })
 }
 
 impl<V> Runtime<V> {

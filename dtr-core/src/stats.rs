@@ -33,6 +33,10 @@ pub struct RuntimeStats {
     /// Sum over [`RuntimeStats::evicting_allocations`] of the free bytes inside the
     /// budget at their first failure (Coop's fragmentation numerator).
     pub free_at_failure_bytes: f64,
+    /// Of [`RuntimeStats::free_at_failure_bytes`], for models with pools: the
+    /// sums of free bytes in small-pool segments, in large-pool segments, and
+    /// not reserved at all (see [`crate::FreeByPool`]).
+    pub free_at_failure_by_pool: [f64; 3],
     /// Policy decisions taken.
     pub decisions: u64,
     /// Bytes of resident storages now.
@@ -55,6 +59,18 @@ impl RuntimeStats {
         } else {
             self.free_at_failure_bytes / self.evicting_allocations as f64 / budget as f64
         }
+    }
+}
+
+impl RuntimeStats {
+    /// [`RuntimeStats::mean_free_at_failure`] split into small pool, large pool
+    /// and unreserved bytes (each over `budget`; zeros without pools).
+    pub fn mean_free_at_failure_by_pool(&self, budget: u64) -> [f64; 3] {
+        if self.evicting_allocations == 0 || budget == 0 {
+            return [0.0; 3];
+        }
+        let n = self.evicting_allocations as f64 * budget as f64;
+        self.free_at_failure_by_pool.map(|b| b / n)
     }
 }
 

@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use remat_dtr::replay::oracle::OracleKind;
 use remat_dtr::replay::sweep::{
     fragmentation_table, overhead_chart, overhead_table, run_sweep, timeline_chart, SweepSpec,
 };
@@ -31,6 +32,11 @@ pub struct ReplayArgs {
     /// Eviction policy: remat, dtr, dtr-eq, dtr-local, msps, lru, largest, megengine, coop.
     #[arg(long, default_value = "remat")]
     pub policy: String,
+    /// Analysis only: replay with a policy that reads the rest of the trace
+    /// (next-use, dead, dead-after-backward) instead of --policy; in a sweep,
+    /// comma-separated oracles run beside the policies.
+    #[arg(long, value_delimiter = ',')]
+    pub oracle: Vec<String>,
     /// physical (a caching allocator of the budget's size) or logical (sum of live bytes).
     #[arg(long, default_value = "physical")]
     pub budget_mode: String,
@@ -75,6 +81,10 @@ fn load(name: &str) -> Result<Trace, Box<dyn std::error::Error>> {
     Ok(Trace::load(&path)?)
 }
 
+fn oracles(args: &ReplayArgs) -> Result<Vec<OracleKind>, String> {
+    args.oracle.iter().map(|o| o.parse()).collect()
+}
+
 fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error>> {
     Ok(match &args.conf {
         Some(c) => DtrConfig::parse(c)?,
@@ -102,6 +112,11 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
         "decision_ns_median": r.decision_ns_median,
         "reserved_over_budget": r.reserved_over_budget,
         "mean_free_at_eviction": r.mean_free_at_eviction,
+        "mean_free_at_eviction_by_pool": {
+            "small_pool": r.mean_free_at_eviction_by_pool[0],
+            "large_pool": r.mean_free_at_eviction_by_pool[1],
+            "unreserved": r.mean_free_at_eviction_by_pool[2],
+        },
         "wall_ms": r.wall_ms,
         "error": r.error,
     })
@@ -117,6 +132,13 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let base = remat_trace::baseline(&trace)?;
     let policy: PolicyKind = args.policy.parse()?;
     let mode: BudgetMode = args.budget_mode.parse()?;
+    let oracle = match oracles(&args)?.as_slice() {
+        [] => None,
+        [one] => Some(*one),
+        _ => {
+            return Err("--oracle takes one oracle for a single run (several with --sweep)".into())
+        }
+    };
     let budget = args
         .budget
         .unwrap_or_else(|| (base.peak_bytes as f64 * args.ratio).floor() as u64);
@@ -130,6 +152,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             .timeline
             .as_ref()
             .map(|_| (trace.instructions.len() / 2000).max(1)),
+        oracle,
     };
     let mut r = replay(&trace, &opts, base.compute_ns)?;
     if args.budget.is_none() {
@@ -196,6 +219,7 @@ fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .map(|m| m.parse())
                 .collect::<Result<_, _>>()?
         },
+        oracles: oracles(args)?,
         base: base_config(args)?,
         threads: args.threads,
     };
@@ -256,6 +280,7 @@ fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             .with_policy(spec.policies[0]),
         thrash_limit: 2.0,
         timeline_every: Some((t.instructions.len() / 2000).max(1)),
+        oracle: None,
     };
     let mut r = replay(t, &opts, b.compute_ns)?;
     r.ratio = Some(ratio);

@@ -18,6 +18,8 @@
 /// Sweeps over traces, ratios, policies and budget modes: tables and SVG charts.
 pub mod sweep;
 
+pub mod oracle;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,6 +31,7 @@ use crate::error::{Error, OpError};
 use crate::ids::TensorId;
 use crate::op::{OpHandle, OutputSpec};
 use crate::runtime::Runtime;
+use oracle::{OracleKind, Tracker};
 
 /// An op of a trace: values are `()`, so it only reports how many it makes.
 #[derive(Debug)]
@@ -74,6 +77,9 @@ pub struct ReplayOptions {
     pub thrash_limit: f64,
     /// Record a memory timeline (one point per `timeline_every` instructions).
     pub timeline_every: Option<usize>,
+    /// Analysis only: replace the config's policy with an [`OracleKind`] that
+    /// reads the rest of the trace (see [`oracle`]).
+    pub oracle: Option<OracleKind>,
 }
 
 impl ReplayOptions {
@@ -83,6 +89,7 @@ impl ReplayOptions {
             config: DtrConfig::default(),
             thrash_limit: 2.0,
             timeline_every: None,
+            oracle: None,
         }
     }
 
@@ -95,6 +102,7 @@ impl ReplayOptions {
                 .with_policy(policy),
             thrash_limit: 2.0,
             timeline_every: None,
+            oracle: None,
         }
     }
 }
@@ -147,6 +155,9 @@ pub struct ReplayReport {
     pub decision_ns_median: u64,
     /// Coop's metric: mean free bytes at allocations that needed eviction / budget.
     pub mean_free_at_eviction: f64,
+    /// The same mean split by where the free bytes were: small pool, large pool,
+    /// not reserved (physical budgets; zeros otherwise).
+    pub mean_free_at_eviction_by_pool: [f64; 3],
     /// Peak reserved over budget.
     pub reserved_over_budget: f64,
     /// Wall-clock time of the replay in ms.
@@ -192,8 +203,36 @@ pub fn replay(
     opts: &ReplayOptions,
     baseline_ns: u64,
 ) -> Result<ReplayReport, ReplayError> {
+    let Some(kind) = opts.oracle else {
+        let rt = Runtime::new(opts.config.clone())?;
+        return drive(trace, opts, baseline_ns, rt, None);
+    };
+    // Analysis: first learn what the trace reads and when, without a budget.
+    let mut recorder = Tracker::recorder();
+    let unbounded = ReplayOptions::unbounded();
+    drive(
+        trace,
+        &unbounded,
+        baseline_ns,
+        Runtime::new(unbounded.config.clone())?,
+        Some(&mut recorder),
+    )?;
+    let (policy, mut tracker) = oracle::policy(kind, recorder.into_future());
+    let memory = crate::runtime::memory_model(&opts.config)?;
+    let rt = Runtime::with_parts(opts.config.clone(), memory, Box::new(policy));
+    drive(trace, opts, baseline_ns, rt, Some(&mut tracker))
+}
+
+/// The replay loop over runtime `rt`; `tracker` numbers storages, records reads
+/// and follows the position for an oracle policy.
+fn drive(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    baseline_ns: u64,
+    mut rt: Runtime<()>,
+    mut tracker: Option<&mut Tracker>,
+) -> Result<ReplayReport, ReplayError> {
     let started = Instant::now();
-    let mut rt: Runtime<()> = Runtime::new(opts.config.clone())?;
     rt.record_decision_times(true);
     let limit = opts.thrash_limit * baseline_ns as f64;
     if opts.config.budget.is_some() || opts.config.threshold.is_some() {
@@ -219,6 +258,9 @@ pub fn replay(
         if i >= ins.len() {
             break Ok(());
         }
+        if let Some(tr) = tracker.as_deref_mut() {
+            tr.at(i, rt.stats().compute_ns);
+        }
         let step: Result<(), Error> = match &ins[i] {
             Instruction::Constant { name } => {
                 let bytes = match ins.get(i + 1) {
@@ -227,6 +269,9 @@ pub fn replay(
                 };
                 i += 1;
                 rt.put((), bytes).map(|t| {
+                    if let Some(tr) = tracker.as_deref_mut() {
+                        tr.created(&rt, t);
+                    }
                     names.insert(name.as_str(), t);
                 })
             }
@@ -271,9 +316,17 @@ pub fn replay(
                 while ops.len() <= fresh {
                     ops.push(Arc::new(TraceOp(ops.len())));
                 }
+                if let Some(tr) = tracker.as_deref_mut() {
+                    tr.read(&rt, &inputs);
+                }
                 rt.apply(ops[fresh].clone(), &inputs, &specs, *time_ns)
                     .map(|outs| {
-                        for (r, t) in results.iter().zip(outs) {
+                        for ((r, t), spec) in results.iter().zip(outs).zip(&specs) {
+                            if let (Some(tr), OutputSpec::Fresh { .. }) =
+                                (tracker.as_deref_mut(), spec)
+                            {
+                                tr.created(&rt, t);
+                            }
                             names.insert(r.as_str(), t);
                         }
                     })
@@ -298,7 +351,24 @@ pub fn replay(
                 while ops.len() <= storages.len() {
                     ops.push(Arc::new(TraceOp(ops.len())));
                 }
+                if let Some(tr) = tracker.as_deref_mut() {
+                    tr.read(&rt, &inputs);
+                }
                 rt.mutate(ops[storages.len()].clone(), &inputs, mutate, *time_ns)
+                    .map(|()| {
+                        // One new version per distinct mutated storage, in order.
+                        if let Some(tr) = tracker.as_deref_mut() {
+                            let mut seen = Vec::new();
+                            for &k in mutate {
+                                if let Ok(s) = rt.storage_of(inputs[k]) {
+                                    if !seen.contains(&s) {
+                                        seen.push(s);
+                                        tr.created(&rt, inputs[k]);
+                                    }
+                                }
+                            }
+                        }
+                    })
             }
             Instruction::Copy { dst, src } => {
                 let t = get(&names, i, src)?;
@@ -318,9 +388,13 @@ pub fn replay(
                 Some(t) => rt.release(t),
                 None => Ok(()),
             },
-            Instruction::Memory { .. } | Instruction::Alias { .. } | Instruction::Annotate(_) => {
+            Instruction::Annotate(a) => {
+                if let (Some(tr), remat_trace::Annotation::Backward) = (tracker.as_deref_mut(), a) {
+                    tr.backward();
+                }
                 Ok(())
             }
+            Instruction::Memory { .. } | Instruction::Alias { .. } => Ok(()),
         };
         if let Err(e) = step {
             break Err(e);
@@ -348,6 +422,10 @@ pub fn replay(
         // The outputs: everything still named must be materializable at the end.
         let mut live: Vec<TensorId> = names.values().copied().collect();
         live.sort_unstable();
+        if let Some(tr) = tracker {
+            tr.at(ins.len(), rt.stats().compute_ns);
+            tr.read(&rt, &live);
+        }
         for t in live {
             rt.access(t)?;
             if rt.stats().total_compute_ns() > limit && opts.config.budget.is_some() {
@@ -373,7 +451,7 @@ pub fn replay(
     let total = stats.total_compute_ns();
     Ok(ReplayReport {
         trace: trace.name.clone(),
-        policy: opts.config.policy.name().to_string(),
+        policy: rt.policy_name().to_string(),
         ratio: None,
         budget_mode: opts.config.budget_mode,
         budget_bytes: budget,
@@ -392,6 +470,8 @@ pub fn replay(
         decisions: stats.decisions,
         decision_ns_median: median(&mut decisions),
         mean_free_at_eviction: budget.map_or(0.0, |b| stats.mean_free_at_failure(b)),
+        mean_free_at_eviction_by_pool: budget
+            .map_or([0.0; 3], |b| stats.mean_free_at_failure_by_pool(b)),
         reserved_over_budget: budget.map_or(0.0, |b| usage.peak_reserved as f64 / b as f64),
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         error,
@@ -417,6 +497,7 @@ pub fn replay_ratio(
             .with_policy(policy),
         thrash_limit: 2.0,
         timeline_every: None,
+        oracle: None,
     };
     let mut r = replay(trace, &opts, b.compute_ns)?;
     r.ratio = Some(ratio);

@@ -3,6 +3,7 @@
 
 use remat_trace::Trace;
 
+use super::oracle::OracleKind;
 use super::{replay, ReplayError, ReplayOptions, ReplayReport, ReplayStatus};
 use crate::config::{BudgetMode, DtrConfig, PolicyKind};
 
@@ -13,6 +14,8 @@ pub struct SweepSpec {
     pub ratios: Vec<f64>,
     /// Policies.
     pub policies: Vec<PolicyKind>,
+    /// Analysis only: oracles run beside the policies (see [`super::oracle`]).
+    pub oracles: Vec<OracleKind>,
     /// Budget modes.
     pub modes: Vec<BudgetMode>,
     /// Settings shared by every run (sampling, filter, seed, …).
@@ -26,6 +29,7 @@ impl Default for SweepSpec {
         Self {
             ratios: vec![1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2],
             policies: PolicyKind::ALL.to_vec(),
+            oracles: Vec::new(),
             modes: vec![BudgetMode::Physical, BudgetMode::Logical],
             base: DtrConfig::default(),
             threads: 1,
@@ -42,10 +46,20 @@ pub fn run_sweep(
     let mut jobs = Vec::new();
     for (ti, t) in traces.iter().enumerate() {
         let b = remat_trace::baseline(t)?;
+        let contenders: Vec<(PolicyKind, Option<OracleKind>)> = spec
+            .policies
+            .iter()
+            .map(|&p| (p, None))
+            .chain(
+                spec.oracles
+                    .iter()
+                    .map(|&o| (PolicyKind::default(), Some(o))),
+            )
+            .collect();
         for &mode in &spec.modes {
-            for &policy in &spec.policies {
+            for &(policy, oracle) in &contenders {
                 for &ratio in &spec.ratios {
-                    jobs.push((ti, b, mode, policy, ratio));
+                    jobs.push((ti, b, mode, policy, oracle, ratio));
                 }
             }
         }
@@ -56,7 +70,7 @@ pub fn run_sweep(
     let results = std::sync::Mutex::new(vec![None; total]);
     let progress = std::sync::Mutex::new((&mut progress, 0usize));
     let run_one = |k: usize| -> Result<(), ReplayError> {
-        let (ti, b, mode, policy, ratio) = jobs[k];
+        let (ti, b, mode, policy, oracle, ratio) = jobs[k];
         let budget = (b.peak_bytes as f64 * ratio).floor() as u64;
         let opts = ReplayOptions {
             config: spec
@@ -67,6 +81,7 @@ pub fn run_sweep(
                 .with_policy(policy),
             thrash_limit: 2.0,
             timeline_every: None,
+            oracle,
         };
         let mut r = replay(&traces[ti], &opts, b.compute_ns)?;
         r.ratio = Some(ratio);
@@ -164,14 +179,15 @@ pub fn overhead_table(reports: &[ReplayReport]) -> String {
 /// budget and Coop's mean free bytes at evicting allocations / budget.
 pub fn fragmentation_table(reports: &[ReplayReport]) -> String {
     let mut out = String::from(
-        "| trace | policy | ratio | status | overhead | reserved peak / budget | mean free at eviction / budget | evictions | decision median ns |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| trace | policy | ratio | status | overhead | reserved peak / budget | mean free at eviction / budget | of which small pool / large pool / unreserved | evictions | decision median ns |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports
         .iter()
         .filter(|r| r.budget_mode == BudgetMode::Physical)
     {
+        let [small, large, unreserved] = r.mean_free_at_eviction_by_pool;
         out += &format!(
-            "| {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {small:.3} / {large:.3} / {unreserved:.3} | {} | {} |\n",
             r.trace,
             r.policy,
             r.ratio.unwrap_or(0.0),
