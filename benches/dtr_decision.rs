@@ -94,7 +94,7 @@ fn decision(c: &mut Criterion) {
             rt.candidate_count()
         );
         g.bench_with_input(BenchmarkId::new(name, CANDIDATES), &(), |b, _| {
-            b.iter(|| black_box(rt.decide(black_box(8 << 20))))
+            b.iter(|| black_box(rt.decide(black_box(8 << 20)).first().copied()))
         });
     }
     g.finish();

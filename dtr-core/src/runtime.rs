@@ -1462,10 +1462,11 @@ impl<V> Runtime<V> {
     }
 
     /// Ask the policy which storages it would evict to place `bytes` now, without
-    /// evicting (a dry run: benches, debugging). Advances the sampler.
-    pub fn decide(&mut self, bytes: u64) -> Vec<StorageId> {
+    /// evicting (a dry run: benches, debugging). Advances the sampler. The slice
+    /// lives until the next call that decides or evicts.
+    pub fn decide(&mut self, bytes: u64) -> &[StorageId] {
         self.fill_pool();
-        let mut victims = Vec::new();
+        self.victims.clear();
         let request = Request {
             bytes,
             shape: Some(self.memory.shape(bytes)),
@@ -1479,8 +1480,8 @@ impl<V> Runtime<V> {
             by_ptr: &self.by_ptr,
             request,
         };
-        self.policy.choose(&mut view, &mut victims);
-        victims
+        self.policy.choose(&mut view, &mut self.victims);
+        &self.victims
     }
 
     /// One policy decision and its evictions. `false` when nothing is evictable.
