@@ -14,9 +14,16 @@
 //! | `seed` | u64 for the sampler | `0x5eed` |
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
+//!
+//! The allocator behind a physical budget has its own settings
+//! ([`DtrConfig::allocator`], PyTorch's defaults unless set): in code with
+//! [`DtrConfig::with_allocator`], for `remat replay` with `--alloc-conf` in
+//! `REMAT_ALLOC_CONF` syntax.
 
 use std::fmt;
 use std::str::FromStr;
+
+use remat_alloc::AllocatorConfig;
 
 /// The environment variable read by [`DtrConfig::from_env`].
 pub const ENV_VAR: &str = "REMAT_DTR_CONF";
@@ -192,6 +199,9 @@ pub struct DtrConfig {
     /// Physical budgets: let the allocator grow expandable segments (PyTorch's
     /// `expandable_segments:True`) instead of fixed 2/20 MiB segments.
     pub expandable_segments: bool,
+    /// Settings of the caching allocator behind a physical budget
+    /// (`expandable_segments` above turns its expandable segments on too).
+    pub allocator: AllocatorConfig,
 }
 
 impl Default for DtrConfig {
@@ -207,6 +217,7 @@ impl Default for DtrConfig {
             seed: 0x5eed,
             megengine: MegEngineParams::default(),
             expandable_segments: false,
+            allocator: AllocatorConfig::default(),
         }
     }
 }
@@ -240,6 +251,11 @@ impl DtrConfig {
     /// Set the sampler seed.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+    /// Set the allocator settings of physical budgets.
+    pub fn with_allocator(mut self, allocator: AllocatorConfig) -> Self {
+        self.allocator = allocator;
         self
     }
     /// Set the byte threshold trigger.

@@ -101,5 +101,6 @@ pub use memory::{
 pub use op::{FnOp, OpHandle, OutputSpec};
 pub use physical::PhysicalBudget;
 pub use policy::{make_policy, DecisionView, EvictionPolicy, Request};
+pub use remat_alloc::AllocatorConfig;
 pub use runtime::Runtime;
 pub use stats::RuntimeStats;

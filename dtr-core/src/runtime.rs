@@ -1636,16 +1636,16 @@ impl<V> Runtime<V> {
 }
 
 /// The memory model [`Runtime::new`] uses for `config`: a physical budget (a
-/// remat-alloc caching allocator over a simulated device of the budget's capacity,
-/// with expandable segments when configured), else a [`LogicalBudget`] (unbounded
-/// when there is no budget).
+/// remat-alloc caching allocator with the config's allocator settings over a
+/// simulated device of the budget's capacity), else a [`LogicalBudget`]
+/// (unbounded when there is no budget).
 pub fn memory_model(config: &DtrConfig) -> Result<Box<dyn MemoryModel>> {
     Ok(match (config.budget_mode, config.budget) {
-        (BudgetMode::Physical, Some(b)) => Box::new(if config.expandable_segments {
-            crate::physical::PhysicalBudget::expandable(b)?
-        } else {
-            crate::physical::PhysicalBudget::new(b)?
-        }),
+        (BudgetMode::Physical, Some(b)) => {
+            let mut allocator = config.allocator.clone();
+            allocator.expandable_segments |= config.expandable_segments;
+            Box::new(crate::physical::PhysicalBudget::with_config(b, allocator)?)
+        }
         (_, budget) => Box::new(LogicalBudget::new(budget)),
     })
 }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use remat_dtr::{
-    BudgetMode, DtrConfig, Error, FnOp, OpError, OpHandle, OutputSpec, PolicyKind, Runtime,
+    AllocatorConfig, BudgetMode, DtrConfig, Error, FnOp, OpError, OpHandle, OutputSpec, PolicyKind,
+    Runtime,
 };
 
 fn mix(a: u64, b: u64) -> u64 {
@@ -457,4 +458,26 @@ fn free_up_evicts_at_least_what_was_asked() {
     assert_eq!(rt.free_up(1).unwrap(), 0);
     rt.unpin(prev).unwrap();
     rt.check_invariants().unwrap();
+}
+
+#[test]
+fn physical_budgets_use_the_configured_allocator_settings() {
+    const MIB: u64 = 1 << 20;
+    // A 30 MiB block is freed and cached; a 10 MiB request then splits it with
+    // PyTorch's defaults, but with max_split_size_mb:20 it may not, so the
+    // allocator reserves a second segment.
+    let reserved_after = |allocator: AllocatorConfig| {
+        let c = DtrConfig::default()
+            .with_budget(64 * MIB)
+            .with_allocator(allocator);
+        let mut rt: Runtime<u64> = Runtime::new(c).unwrap();
+        let big = rt.put(1, 30 * MIB).unwrap();
+        rt.release(big).unwrap();
+        rt.put(2, 10 * MIB).unwrap();
+        rt.check_invariants().unwrap();
+        rt.memory_usage().reserved
+    };
+    assert_eq!(reserved_after(Default::default()), 30 * MIB);
+    let no_split = AllocatorConfig::parse("max_split_size_mb:20").unwrap();
+    assert_eq!(reserved_after(no_split), 40 * MIB);
 }

@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use remat_alloc::AllocatorConfig;
 use remat_dtr::replay::oracle::OracleKind;
 use remat_dtr::replay::sweep::{
     fragmentation_table, overhead_chart, overhead_table, run_sweep, timeline_chart, SweepSpec,
@@ -44,6 +45,11 @@ pub struct ReplayArgs {
     /// defaults come from REMAT_DTR_CONF when set.
     #[arg(long)]
     pub conf: Option<String>,
+    /// Allocator settings of physical budgets in REMAT_ALLOC_CONF syntax (e.g.
+    /// `max_split_size_mb:80`); defaults come from REMAT_ALLOC_CONF (then
+    /// PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF) when set, else PyTorch's.
+    #[arg(long)]
+    pub alloc_conf: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -86,10 +92,15 @@ fn oracles(args: &ReplayArgs) -> Result<Vec<OracleKind>, String> {
 }
 
 fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error>> {
-    Ok(match &args.conf {
+    let dtr = match &args.conf {
         Some(c) => DtrConfig::parse(c)?,
         None => DtrConfig::from_env()?,
-    })
+    };
+    let allocator = match &args.alloc_conf {
+        Some(c) => AllocatorConfig::parse(c)?,
+        None => AllocatorConfig::from_env()?,
+    };
+    Ok(dtr.with_allocator(allocator))
 }
 
 /// The `--json` object of one run.
@@ -117,6 +128,7 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
             "large_pool": r.mean_free_at_eviction_by_pool[1],
             "unreserved": r.mean_free_at_eviction_by_pool[2],
         },
+        "allocator_conf": r.allocator_conf,
         "wall_ms": r.wall_ms,
         "error": r.error,
     })
@@ -181,6 +193,9 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             r.reserved_over_budget,
             r.decision_ns_median
         );
+        if let Some(conf) = r.allocator_conf.as_deref().filter(|c| !c.is_empty()) {
+            println!("  allocator: {conf}");
+        }
         if let Some(e) = &r.error {
             println!("  {e}");
         }

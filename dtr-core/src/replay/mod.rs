@@ -160,6 +160,10 @@ pub struct ReplayReport {
     pub mean_free_at_eviction_by_pool: [f64; 3],
     /// Peak reserved over budget.
     pub reserved_over_budget: f64,
+    /// The allocator settings of a physical budget (`REMAT_ALLOC_CONF` syntax,
+    /// only what differs from PyTorch's defaults; empty for the defaults); `None`
+    /// for logical budgets.
+    pub allocator_conf: Option<String>,
     /// Wall-clock time of the replay in ms.
     pub wall_ms: f64,
     /// The error that stopped an `oom` run.
@@ -473,6 +477,13 @@ fn drive(
         mean_free_at_eviction_by_pool: budget
             .map_or([0.0; 3], |b| stats.mean_free_at_failure_by_pool(b)),
         reserved_over_budget: budget.map_or(0.0, |b| usage.peak_reserved as f64 / b as f64),
+        allocator_conf: (opts.config.budget_mode == BudgetMode::Physical && budget.is_some()).then(
+            || {
+                let mut a = opts.config.allocator.clone();
+                a.expandable_segments |= opts.config.expandable_segments;
+                a.to_string()
+            },
+        ),
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         error,
         timeline,
