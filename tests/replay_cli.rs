@@ -1,0 +1,141 @@
+//! `remat replay` from the command line, on a small trace written here: the
+//! `--json` object carries the fields the replayer promises, `--oracle` and
+//! `--alloc-conf` take effect, and bad values are errors that say what is allowed.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// A chain of 8 ops on 600 KiB tensors, each read again by the next, then released.
+fn write_trace() -> PathBuf {
+    let kib = 600 << 10;
+    let mut t = String::from("{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n");
+    t += "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"x\"}\n";
+    t += &format!("{{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"x\",\"MEMORY\":\"{kib}\"}}\n");
+    let mut prev = "x".to_string();
+    for i in 0..8 {
+        let out = format!("y{i}");
+        t += &format!(
+            "{{\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"ARGS\":[\"{prev}\"],\"RESULT\":[\"{out}\"],\"TIME\":\"1000\"}}\n\
+             {{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"{out}\",\"MEMORY\":\"{kib}\"}}\n\
+             {{\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"{out}\",\"ALIAS\":\"-1\"}}\n"
+        );
+        prev = out;
+    }
+    for i in 0..7 {
+        t += &format!("{{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"y{i}\"}}\n");
+    }
+    let dir = std::env::temp_dir().join(format!("remat-replay-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("chain.log");
+    std::fs::write(&path, t).unwrap();
+    path
+}
+
+fn remat(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .env_remove("REMAT_DTR_CONF")
+        .env_remove("REMAT_ALLOC_CONF")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .output()
+        .expect("remat runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn json_object_has_the_promised_fields_and_flags_take_effect() {
+    let trace = write_trace();
+    let path = trace.to_str().unwrap();
+    let r = json(&remat(&["replay", path, "--ratio", "0.5", "--json"]));
+    for key in [
+        "trace",
+        "policy",
+        "ratio",
+        "budget_mode",
+        "budget_bytes",
+        "status",
+        "overhead",
+        "baseline_compute_ns",
+        "total_compute_ns",
+        "peak_live_bytes",
+        "peak_reserved_bytes",
+        "evictions",
+        "rematerializations",
+        "decision_ns_median",
+        "mean_free_at_eviction_by_pool",
+        "allocator_conf",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key}: {r}");
+    }
+    assert_eq!(r["policy"], "remat");
+    assert_eq!(r["budget_mode"], "physical");
+    assert_eq!(r["status"], "ok");
+    assert_eq!(r["allocator_conf"], "", "PyTorch's defaults print as empty");
+    assert!(
+        r["evictions"].as_u64().unwrap() > 0,
+        "the budget must bind: {r}"
+    );
+
+    let r = json(&remat(&[
+        "replay", path, "--ratio", "0.5", "--oracle", "next-use", "--json",
+    ]));
+    assert_eq!(r["policy"], "oracle:next-use");
+    let r = json(&remat(&[
+        "replay",
+        path,
+        "--ratio",
+        "0.5",
+        "--alloc-conf",
+        "max_split_size_mb:40",
+        "--json",
+    ]));
+    assert_eq!(r["allocator_conf"], "max_split_size_mb:40");
+    let r = json(&remat(&[
+        "replay",
+        path,
+        "--ratio",
+        "0.5",
+        "--budget-mode",
+        "logical",
+        "--json",
+    ]));
+    assert!(
+        r["allocator_conf"].is_null(),
+        "logical budgets have no allocator"
+    );
+}
+
+#[test]
+fn bad_values_are_errors_that_say_what_is_allowed() {
+    let trace = write_trace();
+    let path = trace.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec!["replay", path, "--oracle", "belady"],
+            "expected next-use | dead | dead-after-backward",
+        ),
+        (
+            vec!["replay", path, "--oracle", "next-use,dead"],
+            "one oracle for a single run",
+        ),
+        (
+            vec!["replay", path, "--alloc-conf", "max_split_size_mb:8"],
+            "must be >= 20",
+        ),
+        (vec!["replay", path, "--policy", "fifo"], "remat | dtr"),
+    ] {
+        let out = remat(&args);
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
