@@ -5,29 +5,27 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// A chain of 8 ops on 600 KiB tensors, each read again by the next, then released.
+use remat_trace::TraceBuilder;
+
+/// A chain of 8 ops on 600 KiB tensors, each read by the next, then released,
+/// written to a file.
 fn write_trace() -> PathBuf {
     let kib = 600 << 10;
-    let mut t = String::from("{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n");
-    t += "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"x\"}\n";
-    t += &format!("{{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"x\",\"MEMORY\":\"{kib}\"}}\n");
+    let mut t = TraceBuilder::new("chain").constant("x", kib);
     let mut prev = "x".to_string();
     for i in 0..8 {
         let out = format!("y{i}");
-        t += &format!(
-            "{{\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"ARGS\":[\"{prev}\"],\"RESULT\":[\"{out}\"],\"TIME\":\"1000\"}}\n\
-             {{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"{out}\",\"MEMORY\":\"{kib}\"}}\n\
-             {{\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"{out}\",\"ALIAS\":\"-1\"}}\n"
-        );
+        t = t.call("f", &[&prev], &out, kib, 1000);
         prev = out;
     }
     for i in 0..7 {
-        t += &format!("{{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"y{i}\"}}\n");
+        t = t.release(&format!("y{i}"));
     }
+    let trace = t.build().expect("the chain replays");
     let dir = std::env::temp_dir().join(format!("remat-replay-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("chain.log");
-    std::fs::write(&path, t).unwrap();
+    std::fs::write(&path, trace.to_jsonl()).unwrap();
     path
 }
 

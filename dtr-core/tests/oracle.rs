@@ -5,37 +5,21 @@
 use remat_dtr::replay::oracle::OracleKind;
 use remat_dtr::replay::{replay, ReplayOptions, ReplayStatus};
 use remat_dtr::{BudgetMode, PolicyKind};
-use remat_trace::Trace;
-
-/// `CALL name(args) -> out` with a fresh output of `bytes`.
-fn call(name: &str, args: &[&str], out: &str, bytes: u64) -> String {
-    let args: Vec<String> = args.iter().map(|a| format!("\"{a}\"")).collect();
-    format!(
-        "{{\"INSTRUCTION\":\"CALL\",\"NAME\":\"{name}\",\"ARGS\":[{}],\"RESULT\":[\"{out}\"],\"TIME\":\"1000\"}}\n\
-         {{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"{out}\",\"MEMORY\":\"{bytes}\"}}\n\
-         {{\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"{out}\",\"ALIAS\":\"-1\"}}\n",
-        args.join(",")
-    )
-}
-
-fn release(name: &str) -> String {
-    format!("{{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"{name}\"}}\n")
-}
+use remat_trace::{Trace, TraceBuilder};
 
 /// `a` and `b` are alike (same op cost and size) but `a` is older; when `c`
 /// needs room, only `b` is never read again, and `a` is read right after.
 fn next_read_case(bytes: u64) -> Trace {
-    let mut t = String::from("{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n");
-    t += "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"x\"}\n";
-    t += &format!("{{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"x\",\"MEMORY\":\"{bytes}\"}}\n");
-    t += &call("f", &["x"], "a", bytes);
-    t += &call("g", &["x"], "b", bytes);
-    t += &call("h", &["x"], "c", bytes);
-    t += &call("k", &["a"], "d", bytes);
+    let mut t = TraceBuilder::new("next-read")
+        .constant("x", bytes)
+        .call("f", &["x"], "a", bytes, 1000)
+        .call("g", &["x"], "b", bytes, 1000)
+        .call("h", &["x"], "c", bytes, 1000)
+        .call("k", &["a"], "d", bytes, 1000);
     for n in ["x", "a", "b", "c", "d"] {
-        t += &release(n);
+        t = t.release(n);
     }
-    Trace::parse("next-read", &t).expect("hand-built trace parses")
+    t.build().expect("hand-built trace replays")
 }
 
 /// Replays `trace`; returns the policy name, rematerializations and evictions.
@@ -84,27 +68,25 @@ fn the_next_use_oracle_evicts_what_is_never_read_again() {
 /// A chain with a view, an in-place op, a backward annotation and releases.
 fn chain() -> Trace {
     let kb = 300 << 10;
-    let mut t = String::from("{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n");
-    t += "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"w\"}\n";
-    t += &format!("{{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"w\",\"MEMORY\":\"{kb}\"}}\n");
+    let mut t = TraceBuilder::new("chain").constant("w", kb);
     let mut prev = "w".to_string();
     for i in 0..12 {
         let out = format!("y{i}");
-        t += &call("f", &[&prev, "w"], &out, kb);
+        t = t.call("f", &[&prev, "w"], &out, kb, 1000);
         prev = out;
     }
-    t += "{\"INSTRUCTION\":\"CALL\",\"NAME\":\"view\",\"ARGS\":[\"y11\"],\"RESULT\":[\"v\"],\"TIME\":\"10\"}\n";
-    t += &format!("{{\"INSTRUCTION\":\"MEMORY\",\"NAME\":\"v\",\"MEMORY\":\"{kb}\"}}\n");
-    t += "{\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"v\",\"ALIAS\":\"0\"}\n";
-    t += "{\"INSTRUCTION\":\"MUTATE\",\"NAME\":\"add_\",\"ARGS\":[\"y5\",\"v\"],\"MUTATE\":[0],\"TIME\":\"500\"}\n";
-    t += "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"BACKWARD\"}\n";
+    t = t
+        .view("view", &["y11"], "v", 0, kb, 10)
+        .mutate("add_", &["y5", "v"], &[0], 500)
+        .backward();
     for i in (0..12).rev() {
-        t += &call("g", &[&format!("y{i}"), "v"], &format!("z{i}"), kb);
-        t += &release(&format!("z{i}"));
-        t += &release(&format!("y{i}"));
+        let (y, z) = (format!("y{i}"), format!("z{i}"));
+        t = t
+            .call("g", &[&y, "v"], &z, kb, 1000)
+            .release(&z)
+            .release(&y);
     }
-    t += &release("v");
-    Trace::parse("chain", &t).expect("chain parses")
+    t.release("v").build().expect("chain replays")
 }
 
 #[test]

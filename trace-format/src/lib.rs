@@ -58,6 +58,7 @@
 //! Malformed input (bad JSON, missing keys, unknown instructions, unknown names,
 //! non-numeric sizes, …) is a [`TraceError`] naming the line, never a panic.
 
+mod builder;
 mod error;
 mod instruction;
 mod locate;
@@ -65,6 +66,7 @@ mod replay;
 
 use std::path::Path;
 
+pub use builder::TraceBuilder;
 pub use error::TraceError;
 pub use instruction::{Annotation, Instruction};
 pub use locate::{find_trace, require_traces, trace_files, traces_dir, TRACES_DIR_ENV};
