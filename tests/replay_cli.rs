@@ -49,11 +49,17 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
+/// `remat replay <path> --ratio 0.5 --json <extra…>`, parsed.
+fn replay_json(path: &str, extra: &[&str]) -> serde_json::Value {
+    let args = [&["replay", path, "--ratio", "0.5", "--json"], extra].concat();
+    json(&remat(&args))
+}
+
 #[test]
 fn json_object_has_the_promised_fields_and_flags_take_effect() {
     let trace = write_trace();
     let path = trace.to_str().unwrap();
-    let r = json(&remat(&["replay", path, "--ratio", "0.5", "--json"]));
+    let r = replay_json(path, &[]);
     for key in [
         "trace",
         "policy",
@@ -83,29 +89,11 @@ fn json_object_has_the_promised_fields_and_flags_take_effect() {
         "the budget must bind: {r}"
     );
 
-    let r = json(&remat(&[
-        "replay", path, "--ratio", "0.5", "--oracle", "next-use", "--json",
-    ]));
+    let r = replay_json(path, &["--oracle", "next-use"]);
     assert_eq!(r["policy"], "oracle:next-use");
-    let r = json(&remat(&[
-        "replay",
-        path,
-        "--ratio",
-        "0.5",
-        "--alloc-conf",
-        "max_split_size_mb:40",
-        "--json",
-    ]));
+    let r = replay_json(path, &["--alloc-conf", "max_split_size_mb:40"]);
     assert_eq!(r["allocator_conf"], "max_split_size_mb:40");
-    let r = json(&remat(&[
-        "replay",
-        path,
-        "--ratio",
-        "0.5",
-        "--budget-mode",
-        "logical",
-        "--json",
-    ]));
+    let r = replay_json(path, &["--budget-mode", "logical"]);
     assert!(
         r["allocator_conf"].is_null(),
         "logical budgets have no allocator"
