@@ -258,6 +258,13 @@ impl DtrConfig {
         self.allocator = allocator;
         self
     }
+    /// The settings a physical budget's allocator runs with: [`DtrConfig::allocator`],
+    /// with expandable segments on when [`DtrConfig::expandable_segments`] is.
+    pub fn physical_allocator(&self) -> AllocatorConfig {
+        let mut a = self.allocator.clone();
+        a.expandable_segments |= self.expandable_segments;
+        a
+    }
     /// Set the byte threshold trigger.
     pub fn with_threshold(mut self, bytes: Option<u64>) -> Self {
         self.threshold = bytes;

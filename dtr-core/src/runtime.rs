@@ -1641,11 +1641,10 @@ impl<V> Runtime<V> {
 /// (unbounded when there is no budget).
 pub fn memory_model(config: &DtrConfig) -> Result<Box<dyn MemoryModel>> {
     Ok(match (config.budget_mode, config.budget) {
-        (BudgetMode::Physical, Some(b)) => {
-            let mut allocator = config.allocator.clone();
-            allocator.expandable_segments |= config.expandable_segments;
-            Box::new(crate::physical::PhysicalBudget::with_config(b, allocator)?)
-        }
+        (BudgetMode::Physical, Some(b)) => Box::new(crate::physical::PhysicalBudget::with_config(
+            b,
+            config.physical_allocator(),
+        )?),
         (_, budget) => Box::new(LogicalBudget::new(budget)),
     })
 }

@@ -62,6 +62,14 @@ impl RematPolicy {
     pub const ELITE: usize = 8;
     /// Most evicted storages an e* walk visits.
     pub const MAX_REGION: usize = 64;
+
+    /// What stage 3 charges for evicting candidate `s`: its h_DTR numerator
+    /// (bounded exact e* · 1.0001^recomputes) over its staleness, or over 1 while
+    /// the run is thrashing (`use_stale` false).
+    pub(crate) fn block_cost(v: &mut DecisionView<'_>, s: StorageId, use_stale: bool) -> f64 {
+        let stale = if use_stale { v.staleness(s) } else { 1.0 };
+        v.e_star_bounded(s, Self::MAX_REGION) * 1.0001f64.powi(v.recomputes(s) as i32) / stale
+    }
 }
 
 impl EvictionPolicy for RematPolicy {
@@ -142,8 +150,7 @@ impl EvictionPolicy for RematPolicy {
         // the request (or whole segments that make room for a new one).
         let mut blocks = std::mem::take(&mut self.blocks);
         let w = cheapest_window(view, &mut blocks, true, |v, s| {
-            v.e_star_bounded(s, Self::MAX_REGION) * 1.0001f64.powi(v.recomputes(s) as i32)
-                / if use_stale { v.staleness(s) } else { 1.0 }
+            Self::block_cost(v, s, use_stale)
         });
         self.blocks = blocks;
         match w {

@@ -477,13 +477,8 @@ fn drive(
         mean_free_at_eviction_by_pool: budget
             .map_or([0.0; 3], |b| stats.mean_free_at_failure_by_pool(b)),
         reserved_over_budget: budget.map_or(0.0, |b| usage.peak_reserved as f64 / b as f64),
-        allocator_conf: (opts.config.budget_mode == BudgetMode::Physical && budget.is_some()).then(
-            || {
-                let mut a = opts.config.allocator.clone();
-                a.expandable_segments |= opts.config.expandable_segments;
-                a.to_string()
-            },
-        ),
+        allocator_conf: (opts.config.budget_mode == BudgetMode::Physical && budget.is_some())
+            .then(|| opts.config.physical_allocator().to_string()),
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         error,
         timeline,

@@ -227,7 +227,8 @@ impl OraclePolicy {
     }
 
     /// The block cost the window search uses: what evicting `s` is expected to
-    /// cost, per ns of staleness (remat) or per ns until its next read (next-use).
+    /// cost, per ns of staleness (remat's, thrash guard included) or per ns until
+    /// its next read (next-use).
     fn cost(&self, p: &Progress, v: &mut DecisionView<'_>, s: StorageId) -> f64 {
         match self.kind {
             OracleKind::NextUse => match self.time_to_next_read(p, s) {
@@ -239,9 +240,8 @@ impl OraclePolicy {
                 if knows && self.time_to_next_read(p, s).is_none() {
                     0.0
                 } else {
-                    v.e_star_bounded(s, RematPolicy::MAX_REGION)
-                        * 1.0001f64.powi(v.recomputes(s) as i32)
-                        / v.staleness(s)
+                    let use_stale = !v.thrashing();
+                    RematPolicy::block_cost(v, s, use_stale)
                 }
             }
         }
