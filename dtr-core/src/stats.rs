@@ -60,9 +60,7 @@ impl RuntimeStats {
             self.free_at_failure_bytes / self.evicting_allocations as f64 / budget as f64
         }
     }
-}
 
-impl RuntimeStats {
     /// [`RuntimeStats::mean_free_at_failure`] split into small pool, large pool
     /// and unreserved bytes (each over `budget`; zeros without pools).
     pub fn mean_free_at_failure_by_pool(&self, budget: u64) -> [f64; 3] {
