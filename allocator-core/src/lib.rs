@@ -66,6 +66,8 @@ pub mod snapshot;
 pub mod stats;
 
 mod block;
+#[cfg(feature = "serde")]
+mod pickle;
 mod pool;
 mod summary;
 mod sync;

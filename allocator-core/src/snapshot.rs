@@ -3,7 +3,8 @@
 //! The layout follows `torch.cuda.memory._snapshot()`: segments (sorted by
 //! address) with their blocks, one trace list per device, and the allocator
 //! settings. With the `serde` feature a snapshot exports as JSON and as the pickle
-//! that PyTorch's memory_viz page (`pytorch.org/memory_viz`) opens.
+//! that PyTorch's memory viewer opens: the memory_viz page
+//! (`pytorch.org/memory_viz`) and `python -m torch.cuda._memory_viz`.
 
 use crate::device::{DevicePtr, StreamId};
 
@@ -123,7 +124,9 @@ pub struct TraceEntry {
     pub size: usize,
     /// Stream.
     pub stream: StreamId,
-    /// Microseconds since the allocator was created.
+    /// When it happened, in microseconds since the Unix epoch (as PyTorch's
+    /// `time_us`): the wall clock read when the allocator was created plus the
+    /// monotonic time elapsed since, so entries never go back in time.
     pub time_us: u64,
 }
 
@@ -171,36 +174,52 @@ impl Snapshot {
 #[cfg(feature = "serde")]
 mod export {
     use super::*;
-    use serde_json::{json, Value};
+    use crate::pickle::{self, PyObject};
+    use serde_json::Value;
 
     impl Snapshot {
-        /// The snapshot as the dictionary `torch.cuda.memory._snapshot()` returns.
-        pub fn to_value(&self) -> Value {
-            let segments: Vec<Value> = self
+        /// The dictionary `torch.cuda.memory._snapshot()` returns, as the Python
+        /// object both exports are written from.
+        fn to_py(&self) -> PyObject {
+            let frames = || ("frames", PyObject::List(Vec::new()));
+            let segments = self
                 .segments
                 .iter()
                 .map(|s| {
-                    let blocks: Vec<Value> = s
+                    let blocks = s
                         .blocks
                         .iter()
                         .map(|b| {
-                            json!({
-                                "address": b.address, "size": b.size,
-                                "requested_size": b.requested_size,
-                                "state": b.state.as_str(), "frames": [],
-                            })
+                            PyObject::Dict(vec![
+                                ("address", PyObject::int(b.address)),
+                                ("size", PyObject::usize(b.size)),
+                                ("requested_size", PyObject::usize(b.requested_size)),
+                                ("state", PyObject::str(b.state.as_str())),
+                                frames(),
+                            ])
                         })
                         .collect();
-                    json!({
-                        "device": s.device, "address": s.address, "total_size": s.total_size,
-                        "allocated_size": s.allocated_size, "active_size": s.active_size,
-                        "requested_size": s.requested_size, "stream": s.stream.0,
-                        "segment_type": s.segment_type, "segment_pool_id": [0, 0],
-                        "is_expandable": s.is_expandable, "frames": [], "blocks": blocks,
-                    })
+                    PyObject::Dict(vec![
+                        ("device", PyObject::usize(s.device)),
+                        ("address", PyObject::int(s.address)),
+                        ("total_size", PyObject::usize(s.total_size)),
+                        ("allocated_size", PyObject::usize(s.allocated_size)),
+                        ("active_size", PyObject::usize(s.active_size)),
+                        ("requested_size", PyObject::usize(s.requested_size)),
+                        ("stream", PyObject::int(s.stream.0)),
+                        ("segment_type", PyObject::str(s.segment_type)),
+                        // PyTorch: a (pool id, pool id) tuple; (0, 0) is the default pool.
+                        (
+                            "segment_pool_id",
+                            PyObject::Tuple(vec![PyObject::Int(0), PyObject::Int(0)]),
+                        ),
+                        ("is_expandable", PyObject::Bool(s.is_expandable)),
+                        frames(),
+                        ("blocks", PyObject::List(blocks)),
+                    ])
                 })
                 .collect();
-            let traces: Vec<Value> = self
+            let traces = self
                 .device_traces
                 .iter()
                 .map(|t| {
@@ -209,18 +228,35 @@ mod export {
                     } else {
                         "addr"
                     };
-                    json!({
-                        "action": t.action.as_str(), addr_key: t.addr, "size": t.size,
-                        "stream": t.stream.0, "time_us": t.time_us, "frames": [],
-                    })
+                    PyObject::Dict(vec![
+                        ("action", PyObject::str(t.action.as_str())),
+                        (addr_key, PyObject::int(t.addr)),
+                        ("size", PyObject::usize(t.size)),
+                        ("stream", PyObject::int(t.stream.0)),
+                        ("time_us", PyObject::int(t.time_us)),
+                        frames(),
+                    ])
                 })
                 .collect();
-            let settings: serde_json::Map<String, Value> = self
+            let settings = self
                 .allocator_settings
                 .iter()
-                .map(|(k, v)| ((*k).to_string(), Value::String(v.clone())))
+                .map(|(k, v)| (*k, PyObject::Str(v.clone().into())))
                 .collect();
-            json!({ "segments": segments, "device_traces": [traces], "allocator_settings": settings })
+            PyObject::Dict(vec![
+                ("segments", PyObject::List(segments)),
+                (
+                    "device_traces",
+                    PyObject::List(vec![PyObject::List(traces)]),
+                ),
+                ("allocator_settings", PyObject::Dict(settings)),
+            ])
+        }
+
+        /// The snapshot as the dictionary `torch.cuda.memory._snapshot()` returns,
+        /// in JSON (its tuples, such as `segment_pool_id`, become arrays).
+        pub fn to_value(&self) -> Value {
+            self.to_py().to_json()
         }
 
         /// JSON text of [`Snapshot::to_value`].
@@ -228,10 +264,17 @@ mod export {
             self.to_value().to_string()
         }
 
-        /// Pickle bytes of [`Snapshot::to_value`]: save as `snapshot.pickle` and
-        /// drop it on PyTorch's memory_viz page.
-        pub fn to_pickle(&self) -> Result<Vec<u8>, serde_pickle::Error> {
-            serde_pickle::to_vec(&self.to_value(), serde_pickle::SerOptions::new())
+        /// The snapshot as the pickle `torch.cuda.memory._dump_snapshot` writes:
+        /// protocol 4, integers in CPython's shortest form, tuples where PyTorch
+        /// has tuples. Save it as `snapshot.pickle` and drop it on PyTorch's
+        /// memory_viz page, or render it with
+        /// `python -m torch.cuda._memory_viz trace_plot snapshot.pickle -o out.html`.
+        ///
+        /// Writing cannot fail; the `Result` (with the uninhabited
+        /// [`std::convert::Infallible`]) keeps `snapshot.to_pickle()?` callers
+        /// compiling.
+        pub fn to_pickle(&self) -> Result<Vec<u8>, std::convert::Infallible> {
+            Ok(pickle::dumps(&self.to_py()))
         }
     }
 }

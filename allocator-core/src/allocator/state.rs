@@ -3,7 +3,7 @@
 //! held; the device is passed in where a rule needs it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use super::expandable::ExpandableSegment;
 use super::{AdjacentFree, BlockInfo};
@@ -37,7 +37,10 @@ pub(crate) struct Request {
 pub(crate) struct TraceRecorder {
     config: Option<HistoryConfig>,
     entries: VecDeque<TraceEntry>,
+    /// The monotonic clock at creation…
     start: Instant,
+    /// …and the wall clock then, in microseconds since the Unix epoch.
+    start_unix_us: u64,
 }
 
 impl TraceRecorder {
@@ -67,7 +70,8 @@ impl TraceRecorder {
         if self.entries.len() >= c.max_entries {
             self.entries.pop_front();
         }
-        let time_us = self.start.elapsed().as_micros() as u64;
+        let elapsed = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let time_us = self.start_unix_us.saturating_add(elapsed);
         self.entries.push_back(TraceEntry {
             action,
             addr,
@@ -131,6 +135,10 @@ impl State {
                 config: None,
                 entries: VecDeque::new(),
                 start: Instant::now(),
+                // A clock set before 1970 reads as the epoch itself.
+                start_unix_us: SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
             },
             next_serial: 1,
             device_total,
