@@ -10,20 +10,30 @@
 //! ```
 //!
 //! * `,` `:` `[` `]` are single-character tokens; any other run of characters is one
-//!   token (so `>` is a token too). Whitespace is dropped everywhere, also inside a
-//!   token (`max_split _size_mb : 6 4` reads as `max_split_size_mb:64`), as PyTorch does.
-//! * Grammar: `key:value(,key:value)*`, where a value is a token or a list
-//!   `[k:v(,k:v)*]` (only `roundup_power2_divisions` takes a list).
+//!   token (so `>` is a token too). ASCII whitespace (space, tab, newline, vertical
+//!   tab, form feed, carriage return: C's `isspace`) is dropped everywhere, also
+//!   inside a token (`max_split _size_mb : 6 4` reads as `max_split_size_mb:64`), as
+//!   PyTorch does. Other whitespace is an ordinary character, as in PyTorch, which
+//!   reads the string byte by byte: `max\u{3000}_split_size_mb` is an unknown key
+//!   and `40\u{a0}` is not a number.
+//! * Grammar: `key:value(,key:value)*[,]`, where a value is a token or a list
+//!   `[k:v(,k:v)*[,]]` or `[]` (only `roundup_power2_divisions` takes a list). One
+//!   trailing comma after the last value or list entry is allowed, as in PyTorch
+//!   (`max_split_size_mb:40,`, `roundup_power2_divisions:[64:8,]`); the empty list
+//!   sets no slot.
 //! * The empty string (or only whitespace) means "all defaults".
-//! * Unlike newer PyTorch, which ignores a wrong separator, every malformed string is
-//!   rejected with [`ConfigError::Syntax`] naming the position (0-based, in
-//!   characters) and the expected token: `max_split_size_mb=64`, `a;b`,
-//!   `max_split_size_mb:64:1`, a leading, doubled or **trailing comma**
-//!   (`expandable_segments:True,`), a missing value ([`ConfigError::EmptyValue`]), an
-//!   empty list `[]` and a list without `]` ([`ConfigError::MissingClosingBracket`]).
+//! * Every other malformed string is rejected with [`ConfigError::Syntax`] naming
+//!   the position (0-based, in characters) and the expected token:
+//!   `max_split_size_mb=64`, `a;b`, `max_split_size_mb:64:1`, a leading or doubled
+//!   comma (`,a:1`, `a:1,,b:2`, `a:1,,`), a missing value
+//!   ([`ConfigError::EmptyValue`]) and a list without `]`
+//!   ([`ConfigError::MissingClosingBracket`]). See "Deviations from PyTorch" for
+//!   the strings PyTorch lets through.
 //! * Keys are case-sensitive; booleans are exactly `True` or `False`; integers are
-//!   decimal (`+` allowed, `-` rejected); floats use Rust's `f64` syntax. A key given
-//!   twice takes its last value.
+//!   decimal (`+` allowed, `-` rejected); floats use Rust's `f64` syntax, and one
+//!   that overflows a double or underflows to zero or a subnormal (`1e400`,
+//!   `5e-324`, `1e-400`) is rejected with [`ConfigError::FloatOutOfRange`], as
+//!   PyTorch's `std::stod` rejects it. A key given twice takes its last value.
 //!
 //! # Keys
 //!
@@ -61,7 +71,39 @@
 //! go back to their defaults unless the new string gives them, and
 //! `max_non_split_rounding_mb` is re-derived from `large_segment_size_mb` unless
 //! given; every other option keeps its previous value. A failed update changes
-//! nothing.
+//! nothing (a deviation, see below).
+//!
+//! # Deviations from PyTorch
+//!
+//! remat reads every settings string PyTorch reads the same way, except in these
+//! cases, where it is deliberately stricter (each is a test in this module, and
+//! the fuzz tests compare the parser with a model of PyTorch's):
+//!
+//! * **Separators.** Newer PyTorch does not check the `:` after a key or the `,`
+//!   after a value (`checkToken` returns a result nobody reads), so
+//!   `max_split_size_mb[64` sets 64 MiB. remat rejects every wrong separator
+//!   ([`ConfigError::Syntax`]): a typo should not pass for a setting.
+//! * **Numbers with trailing characters, negative sizes.** PyTorch converts with
+//!   `std::stoull` / `std::stod`, which read the longest numeric prefix and ignore
+//!   the rest, and `stoull` wraps a minus sign: `max_split_size_mb:64MB` reads as
+//!   64, `max_split_size_mb:175\u{3000}2186044416` as 175, `max_split_size_mb:-1`
+//!   as 2^64 − 1 (then clamped), `garbage_collection_threshold:0.5x` as 0.5. remat
+//!   requires the whole token to be the number ([`ConfigError::InvalidInteger`],
+//!   [`ConfigError::InvalidFloat`]). Hexadecimal floats, which `std::stod` reads,
+//!   are not Rust `f64` syntax and are rejected too.
+//! * **Sizes whose bytes overflow.** PyTorch bounds `large_segment_size_mb` and
+//!   `pinned_reserve_segment_size_mb` only from below (spec §5.2), so it takes a
+//!   size whose byte count does not fit in 64 bits; remat rejects a value whose
+//!   size in bytes does not fit in `usize` ([`IntegerProblem::TooLarge`]).
+//! * **`backend:cudaMallocAsync`** is accepted by PyTorch and rejected by remat
+//!   ([`ConfigError::UnsupportedBackend`]): remat implements only the native
+//!   allocator and does not pretend otherwise.
+//! * **A failed runtime update applies nothing.** PyTorch's
+//!   `_set_allocator_settings` applies the options parsed before the error (and
+//!   resets the ones it resets first), so a bad string leaves a mix of old and new
+//!   settings; [`AllocatorConfig::update`] and `CachingAllocator::set_settings`
+//!   check the whole string first and leave the settings unchanged on error, so
+//!   what is in force is always one settings string that was accepted in full.
 //!
 //! # Environment
 //!
@@ -83,6 +125,9 @@ use std::fmt;
 use std::num::IntErrorKind;
 
 use crate::size::{LARGE_BUFFER, MIB, MIN_LARGE_ALLOC, ROUNDUP_POWER2_INTERVALS};
+
+#[cfg(test)]
+mod pytorch_model;
 
 /// Upper bound of `pinned_num_register_threads` (PyTorch's `kMaxNumberOfThreads`).
 pub const MAX_PINNED_REGISTER_THREADS: usize = 128;
@@ -244,7 +289,7 @@ pub enum ConfigError {
         /// 0-based character position of the `[`.
         position: usize,
     },
-    /// `key:` followed by nothing, a comma or an empty list.
+    /// `key:` followed by nothing or a comma.
     #[error(
         "Missing value for allocator option '{key}' at position {position}: write {key}:<value>"
     )]
@@ -287,6 +332,19 @@ pub enum ConfigError {
     /// A float value that does not parse.
     #[error("Invalid value '{value}' for allocator option {key}: expected a decimal number")]
     InvalidFloat {
+        /// The option.
+        key: &'static str,
+        /// The value received.
+        value: String,
+    },
+    /// A float that overflows a double, or a nonzero float that underflows to
+    /// zero or to a subnormal (PyTorch's `std::stod` throws `out_of_range` for
+    /// both).
+    #[error(
+        "Invalid value '{value}' for allocator option {key}: out of the range of a double \
+         (write 0, or a magnitude from 2.2250738585072014e-308 to 1.7976931348623157e308)"
+    )]
+    FloatOutOfRange {
         /// The option.
         key: &'static str,
         /// The value received.
@@ -452,9 +510,16 @@ impl Token {
     }
 }
 
-/// PyTorch's `ConfigTokenizer`: `,` `:` `[` `]` are tokens; whitespace is dropped;
-/// other runs of characters are one token. Returns the tokens and the input length
-/// in characters.
+/// The whitespace PyTorch's tokenizer drops: C's `isspace` in the C locale, which
+/// it applies to each byte (so no character outside ASCII is whitespace to it).
+/// Rust's `char::is_ascii_whitespace` leaves out the vertical tab.
+fn is_c_space(ch: char) -> bool {
+    matches!(ch, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r')
+}
+
+/// PyTorch's `ConfigTokenizer`: `,` `:` `[` `]` are tokens; ASCII whitespace
+/// ([`is_c_space`]) is dropped; other runs of characters are one token. Returns the
+/// tokens and the input length in characters.
 fn tokenize(s: &str) -> (Vec<Token>, usize) {
     let mut tokens = Vec::new();
     let mut buffer: Option<Token> = None;
@@ -467,7 +532,7 @@ fn tokenize(s: &str) -> (Vec<Token>, usize) {
                 text: ch.to_string(),
                 pos,
             });
-        } else if !ch.is_whitespace() {
+        } else if !is_c_space(ch) {
             buffer
                 .get_or_insert_with(|| Token {
                     text: String::new(),
@@ -563,6 +628,8 @@ impl Parser {
             entries.push(Entry { key, value });
             match self.next() {
                 None => return Ok(entries),
+                // One trailing comma ends the settings, as in PyTorch.
+                Some(t) if t.is(",") && self.peek().is_none() => return Ok(entries),
                 Some(t) if t.is(",") => {}
                 Some(t) => {
                     return Err(self.syntax(
@@ -596,16 +663,14 @@ impl Parser {
             key: key.text.clone(),
             position: open,
         };
-        if let Some(t) = self.peek() {
-            if t.is("]") {
-                return Err(ConfigError::EmptyValue {
-                    key: key.text.clone(),
-                    position: t.pos,
-                });
-            }
-        }
         let mut items = Vec::new();
         loop {
+            // `]` right after `[` or after a comma closes the list, as in PyTorch:
+            // `[]` is an empty list and `[64:8,]` has one entry.
+            if self.peek().is_some_and(|t| t.is("]")) {
+                self.i += 1;
+                return Ok(RawValue::List(items));
+            }
             let k = match self.next() {
                 None => return Err(unclosed()),
                 Some(t) if t.is_separator() => {
@@ -674,11 +739,34 @@ fn parse_usize(key: &'static str, text: &str) -> Result<usize, ConfigError> {
     }
 }
 
+/// A float in Rust's `f64` syntax, rejected where PyTorch's `std::stod` throws
+/// `out_of_range` (glibc's `strtod` sets `ERANGE`): a nonzero number that rounds
+/// to zero or to a subnormal (`5e-324`, `1e-400`), or a finite number too large
+/// for a double (`1e400`). `inf` and `nan` parse, and the option's range check
+/// rejects them.
 fn parse_f64(key: &'static str, text: &str) -> Result<f64, ConfigError> {
-    text.parse::<f64>().map_err(|_| ConfigError::InvalidFloat {
+    let value = text.parse::<f64>().map_err(|_| ConfigError::InvalidFloat {
         key,
         value: text.to_owned(),
-    })
+    })?;
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    let written_nonzero = mantissa.bytes().any(|b| matches!(b, b'1'..=b'9'));
+    let written_infinite = text
+        .trim_start_matches(['+', '-'])
+        .get(..3)
+        .is_some_and(|t| t.eq_ignore_ascii_case("inf"));
+    let out_of_range = if value.is_infinite() {
+        !written_infinite
+    } else {
+        value.is_subnormal() || (value == 0.0 && written_nonzero)
+    };
+    if out_of_range {
+        return Err(ConfigError::FloatOutOfRange {
+            key,
+            value: text.to_owned(),
+        });
+    }
+    Ok(value)
 }
 
 fn parse_bool(key: &'static str, text: &str) -> Result<bool, ConfigError> {
@@ -1288,6 +1376,7 @@ impl fmt::Display for AllocatorConfig {
 
 #[cfg(test)]
 mod tests {
+    use super::pytorch_model::{self, Deviation};
     use super::*;
     use proptest::prelude::*;
 
@@ -1339,6 +1428,73 @@ mod tests {
         );
         assert_eq!(len, 28);
         assert_eq!(cfg(" max_split_size_mb : 6 4 ").max_split_size, 64 << 20);
+        // Only ASCII whitespace, vertical tab included, is dropped (C's isspace).
+        let (tokens, len) = tokenize("a\u{b}b\u{c}\r:\u{3000}1\u{a0}");
+        let texts: Vec<&str> = tokens.iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(texts, ["ab", ":", "\u{3000}1\u{a0}"]);
+        assert_eq!(len, 9);
+        assert_eq!(
+            err("max\u{3000}_split_size_mb:40"),
+            ConfigError::UnknownKey {
+                key: "max\u{3000}_split_size_mb".into()
+            }
+        );
+        assert_eq!(
+            err("max_split_size_mb:175\u{3000}2186044416"),
+            ConfigError::InvalidInteger {
+                key: "max_split_size_mb",
+                value: "175\u{3000}2186044416".into(),
+                problem: IntegerProblem::NotANumber
+            }
+        );
+    }
+
+    /// Floats that `std::stod` throws `out_of_range` for (glibc's strtod sets
+    /// ERANGE) are rejected; the smallest normal double and an exact zero are not.
+    #[test]
+    fn floats_out_of_range() {
+        for (key, value) in [
+            ("garbage_collection_threshold", "5e-324"),
+            ("garbage_collection_threshold", "2.225073858507201e-308"),
+            ("per_process_memory_fraction", "1e-400"),
+            ("per_process_memory_fraction", "-1e-400"),
+            ("per_process_memory_fraction", "1e400"),
+        ] {
+            let e = err(&format!("{key}:{value}"));
+            assert_eq!(
+                e,
+                ConfigError::FloatOutOfRange {
+                    key: match key {
+                        "garbage_collection_threshold" => "garbage_collection_threshold",
+                        _ => "per_process_memory_fraction",
+                    },
+                    value: value.into()
+                }
+            );
+            let msg = e.to_string();
+            assert!(msg.contains(value) && msg.contains(key), "{msg}");
+            assert!(msg.contains("2.2250738585072014e-308"), "{msg}");
+        }
+        assert_eq!(
+            cfg("garbage_collection_threshold:2.2250738585072014e-308")
+                .garbage_collection_threshold,
+            f64::MIN_POSITIVE
+        );
+        for zero in ["0e-400", "0.000e-999", "-0"] {
+            assert_eq!(
+                cfg(&format!("per_process_memory_fraction:{zero}")).per_process_memory_fraction,
+                0.0
+            );
+        }
+        // Infinities and NaN are in range for a double; the option's check rejects them.
+        assert!(matches!(
+            err("per_process_memory_fraction:inf"),
+            ConfigError::MemoryFraction { .. }
+        ));
+        assert!(matches!(
+            err("garbage_collection_threshold:-Infinity"),
+            ConfigError::GarbageCollectionThreshold { .. }
+        ));
     }
 
     /// Spec §1.3 examples (the list forms `test_allocator_settings` relies on).
@@ -1422,12 +1578,18 @@ mod tests {
                 ..
             }
         ));
+        // `[]` and a trailing comma in the list are accepted, as in PyTorch.
         assert_eq!(
-            err("roundup_power2_divisions:[]"),
-            ConfigError::EmptyValue {
-                key: "roundup_power2_divisions".into(),
-                position: 26
-            }
+            cfg("roundup_power2_divisions:4,roundup_power2_divisions:[]").roundup_power2_divisions,
+            [0; 16]
+        );
+        assert_eq!(
+            table("roundup_power2_divisions:[64:8,]"),
+            table("roundup_power2_divisions:[64:8]")
+        );
+        assert_eq!(
+            table("roundup_power2_divisions:[64:8,>:1,]"),
+            table("roundup_power2_divisions:[64:8,>:1]")
         );
         assert_eq!(
             err("roundup_power2_divisions:[64:8,>:1"),
@@ -1437,7 +1599,11 @@ mod tests {
             }
         );
         assert!(matches!(
-            err("roundup_power2_divisions:[64:8,]"),
+            err("roundup_power2_divisions:[64:8,,]"),
+            ConfigError::Syntax { .. }
+        ));
+        assert!(matches!(
+            err("roundup_power2_divisions:[,]"),
             ConfigError::Syntax { .. }
         ));
         assert!(matches!(
@@ -1659,6 +1825,8 @@ mod tests {
         assert!(!c.expandable_segments);
     }
 
+    /// A documented deviation: PyTorch's `_set_allocator_settings` keeps the
+    /// options parsed before an error; remat applies nothing.
     #[test]
     fn failed_update_changes_nothing() {
         let mut c = cfg("max_split_size_mb:64,roundup_power2_divisions:2");
@@ -1667,7 +1835,8 @@ mod tests {
             "max_split_size_mb:128,foo:1",
             "large_segment_size_mb:100,max_split_size_mb:64",
             "roundup_power2_divisions:8,expandable_segments:yes",
-            "expandable_segments:True,",
+            "expandable_segments:True,,",
+            "garbage_collection_threshold:0.5,per_process_memory_fraction:1e-400",
         ] {
             assert!(c.update(bad).is_err(), "{bad}");
             assert_eq!(c, before, "{bad}");
@@ -1872,10 +2041,12 @@ mod tests {
                 Some("max_split_size_mb".into())
             )
         );
+        // One trailing comma is allowed (as in PyTorch), two are not.
         assert_eq!(
-            syntax("expandable_segments:True,"),
-            (25, EXPECTED_KEY, None, None)
+            syntax("expandable_segments:True,,"),
+            (25, EXPECTED_KEY, Some(",".into()), None)
         );
+        assert_eq!(syntax(","), (0, EXPECTED_KEY, Some(",".into()), None));
         assert_eq!(
             syntax("expandable_segments:True,,max_split_size_mb:64"),
             (25, EXPECTED_KEY, Some(",".into()), None)
@@ -2113,8 +2284,11 @@ mod tests {
         prop_oneof![
             4 => proptest::sample::select(KEYS).prop_map(str::to_owned),
             1 => "[a-z_]{0,12}",
-            1 => proptest::sample::select(&["", ">", "=", "foo", "max_split_size_mb=64"][..])
-                .prop_map(str::to_owned),
+            1 => proptest::sample::select(&[
+                "", ">", "=", "foo", "max_split_size_mb=64", "max\u{3000}_split_size_mb",
+                "max_split_size_mb\u{a0}", " max_split_size_mb\u{b}",
+            ][..])
+            .prop_map(str::to_owned),
         ]
     }
 
@@ -2124,7 +2298,9 @@ mod tests {
         "True", "False", "true", "none", "0", "1", "2", "4", "11", "20", "64", "128", "1024",
         "-1", "0.5", "1.2", "-0.1", "nan", "inf", "native", "cudaMallocAsync", ">", "[", "]",
         ":", ",", "", "18446744073709551615", "99999999999999999999999", "[64:8,>:1]",
-        "[1:2,2:4]", "[>:1", "[]", "[0:1]",
+        "[1:2,2:4]", "[>:1", "[]", "[0:1]", "[64:8,]", "[64:8,>:1,]", "[,]", "[64:8,,>:1]",
+        "5e-324", "1e-310", "1e-400", "0e-400", "1e400", "2.2250738585072014e-308", "64MB",
+        "175\u{3000}2186044416", "0.5x", "-0", "\u{b}40", "40\u{a0}", "0.5 ", "1e-5",
     ];
 
     fn value_strategy() -> impl Strategy<Value = String> {
@@ -2154,6 +2330,7 @@ mod tests {
     }
 
     fn check_no_panic(s: &str) {
+        check_against_pytorch(s);
         match AllocatorConfig::parse(s) {
             Ok(c) => {
                 assert_eq!(c.last_settings, s);
@@ -2165,6 +2342,165 @@ mod tests {
         let before = c.clone();
         if c.update(s).is_err() {
             assert_eq!(c, before);
+        }
+    }
+
+    /// remat's verdict on a string next to PyTorch's.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Remat {
+        /// The same verdict as PyTorch.
+        Same,
+        /// Rejects what PyTorch accepts, for this documented deviation.
+        Rejects(Deviation),
+    }
+
+    /// PyTorch's verdict.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Torch {
+        Accepts,
+        Rejects,
+    }
+
+    /// PyTorch's verdicts, read off its parser (c10/core/AllocatorConfig.h and .cpp,
+    /// c10/cuda/CUDAAllocatorConfig.cpp, spec §5) and glibc's `strtod` (whose
+    /// ERANGE decides what `std::stod` throws), and what remat does with each
+    /// string. The model of PyTorch's parser the fuzz tests use must agree with
+    /// every row.
+    #[rustfmt::skip]
+    const PYTORCH_VERDICTS: &[(&str, Torch, Remat)] = &[
+        // PyTorch's loop ends cleanly after one trailing comma.
+        ("max_split_size_mb:40,", Torch::Accepts, Remat::Same),
+        ("max_split_size_mb:40, \t", Torch::Accepts, Remat::Same),
+        ("roundup_power2_divisions:[64:8],", Torch::Accepts, Remat::Same),
+        ("max_split_size_mb:40,,", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb:40,,expandable_segments:True", Torch::Rejects, Remat::Same),
+        (",max_split_size_mb:40", Torch::Rejects, Remat::Same),
+        (",", Torch::Rejects, Remat::Same),
+        // Lists: `]` may follow `[` or a comma.
+        ("roundup_power2_divisions:[]", Torch::Accepts, Remat::Same),
+        ("roundup_power2_divisions:[64:8,]", Torch::Accepts, Remat::Same),
+        ("roundup_power2_divisions:[64:8,>:1,]", Torch::Accepts, Remat::Same),
+        ("roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]", Torch::Accepts, Remat::Same),
+        ("roundup_power2_divisions:[64:8,,>:1]", Torch::Rejects, Remat::Same),
+        ("roundup_power2_divisions:[,]", Torch::Rejects, Remat::Same),
+        ("roundup_power2_divisions:[64:8", Torch::Rejects, Remat::Same),
+        // std::stod throws out_of_range where strtod sets ERANGE.
+        ("garbage_collection_threshold:5e-324", Torch::Rejects, Remat::Same),
+        ("garbage_collection_threshold:1e-310", Torch::Rejects, Remat::Same),
+        ("per_process_memory_fraction:1e-400", Torch::Rejects, Remat::Same),
+        ("per_process_memory_fraction:1e400", Torch::Rejects, Remat::Same),
+        ("per_process_memory_fraction:0e-400", Torch::Accepts, Remat::Same),
+        ("per_process_memory_fraction:2.2250738585072014e-308", Torch::Accepts, Remat::Same),
+        // Only ASCII whitespace is dropped (C's isspace, byte by byte).
+        ("max\u{3000}_split_size_mb:40", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb:\u{b}40\u{c}", Torch::Accepts, Remat::Same),
+        // stoull reads 175 and ignores the rest; remat does not guess.
+        ("max_split_size_mb:175\u{3000}2186044416", Torch::Accepts, Remat::Rejects(Deviation::Number)),
+        ("max_split_size_mb:40\u{a0}", Torch::Accepts, Remat::Rejects(Deviation::Number)),
+        ("max_split_size_mb:64MB", Torch::Accepts, Remat::Rejects(Deviation::Number)),
+        ("max_split_size_mb:-1", Torch::Accepts, Remat::Rejects(Deviation::Number)),
+        ("garbage_collection_threshold:0.5x", Torch::Accepts, Remat::Rejects(Deviation::Number)),
+        // checkToken's result is ignored.
+        ("max_split_size_mb[64", Torch::Accepts, Remat::Rejects(Deviation::Separator)),
+        ("expandable_segments:True;max_split_size_mb:64", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb=64", Torch::Rejects, Remat::Same),
+        ("large_segment_size_mb:18446744073709551615", Torch::Accepts, Remat::Rejects(Deviation::SizeOverflow)),
+        ("backend:cudaMallocAsync", Torch::Accepts, Remat::Rejects(Deviation::Backend)),
+        ("backend:hipMallocAsync", Torch::Rejects, Remat::Same),
+        ("", Torch::Accepts, Remat::Same),
+        (" \t\n", Torch::Accepts, Remat::Same),
+        ("foo:1", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb:", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb:2", Torch::Rejects, Remat::Same),
+        ("max_split_size_mb:30,large_segment_size_mb:40", Torch::Rejects, Remat::Same),
+        ("expandable_segments:true", Torch::Rejects, Remat::Same),
+    ];
+
+    #[test]
+    fn pytorch_verdicts() {
+        for &(s, torch, remat) in PYTORCH_VERDICTS {
+            let model = pytorch_model::parse(s);
+            assert_eq!(
+                model.is_ok(),
+                torch == Torch::Accepts,
+                "the model of PyTorch's parser disagrees with the table on {s:?}: {model:?}"
+            );
+            let ours = AllocatorConfig::parse(s);
+            match remat {
+                Remat::Same => {
+                    assert_eq!(ours.is_ok(), torch == Torch::Accepts, "{s:?}: {ours:?}");
+                    if let Ok(m) = &model {
+                        assert!(m.deviations.is_empty(), "{s:?}: {m:?}");
+                    }
+                }
+                Remat::Rejects(deviation) => {
+                    assert_eq!(torch, Torch::Accepts, "{s:?}");
+                    let found = model.map(|m| m.deviations).unwrap_or_default();
+                    assert!(found.contains(&deviation), "{s:?}: {found:?}");
+                    let e = match ours {
+                        Ok(c) => panic!("{s:?} should be rejected ({deviation:?}), got {c:?}"),
+                        Err(e) => e,
+                    };
+                    // The error that documents each deviation.
+                    let expected = match (deviation, &e) {
+                        (Deviation::Separator, ConfigError::Syntax { .. }) => true,
+                        (Deviation::Number, ConfigError::InvalidInteger { problem, .. }) => {
+                            matches!(
+                                problem,
+                                IntegerProblem::NotANumber | IntegerProblem::Negative
+                            )
+                        }
+                        (Deviation::Number, ConfigError::InvalidFloat { .. }) => true,
+                        (
+                            Deviation::SizeOverflow,
+                            ConfigError::InvalidInteger {
+                                problem: IntegerProblem::TooLarge,
+                                ..
+                            },
+                        ) => true,
+                        (Deviation::Backend, ConfigError::UnsupportedBackend { .. }) => true,
+                        _ => false,
+                    };
+                    assert!(expected, "{s:?} ({deviation:?}): {e:?}");
+                }
+            }
+        }
+    }
+
+    /// remat against the model of PyTorch's parser: never laxer; stricter only
+    /// where a documented deviation says so; the same settings where both accept.
+    fn check_against_pytorch(s: &str) {
+        match (pytorch_model::parse(s), AllocatorConfig::parse(s)) {
+            (Err(why), Ok(c)) => panic!("remat accepts {s:?} ({c:?}), PyTorch rejects it: {why}"),
+            (Err(_), Err(_)) => {}
+            (Ok(p), Err(e)) => assert!(
+                !p.deviations.is_empty(),
+                "remat rejects {s:?} ({e}), PyTorch accepts it ({p:?}) and no documented \
+                 deviation covers it"
+            ),
+            (Ok(p), Ok(c)) => {
+                assert!(
+                    p.deviations.is_empty(),
+                    "remat accepts {s:?} but PyTorch reads it only through {:?}",
+                    p.deviations
+                );
+                let ours = (
+                    c.max_split_size as u64,
+                    c.roundup_power2_divisions.map(|d| d as u64),
+                    c.garbage_collection_threshold,
+                    c.per_process_memory_fraction,
+                    c.expandable_segments,
+                );
+                let theirs = (
+                    p.max_split_size,
+                    p.roundup,
+                    p.gc_threshold,
+                    p.memory_fraction,
+                    p.expandable_segments,
+                );
+                assert_eq!(ours, theirs, "{s:?}");
+            }
         }
     }
 
