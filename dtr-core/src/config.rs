@@ -13,6 +13,7 @@
 //! | `threshold` | bytes or `none`: evict before each op while above | `none` |
 //! | `seed` | u64 for the sampler | `0x5eed` |
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
+//! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
 //! The allocator behind a physical budget has its own settings
@@ -202,6 +203,10 @@ pub struct DtrConfig {
     /// Settings of the caching allocator behind a physical budget
     /// (`expandable_segments` above turns its expandable segments on too).
     pub allocator: AllocatorConfig,
+    /// Plan ahead: record each iteration and, at
+    /// [`crate::Runtime::end_iteration`], plan the next one offline (with a budget
+    /// and no threshold; see [`crate::planner`]).
+    pub plan_ahead: bool,
 }
 
 impl Default for DtrConfig {
@@ -218,6 +223,7 @@ impl Default for DtrConfig {
             megengine: MegEngineParams::default(),
             expandable_segments: false,
             allocator: AllocatorConfig::default(),
+            plan_ahead: true,
         }
     }
 }
@@ -271,6 +277,12 @@ impl DtrConfig {
         self
     }
 
+    /// Turn plan-ahead on or off.
+    pub fn with_plan_ahead(mut self, on: bool) -> Self {
+        self.plan_ahead = on;
+        self
+    }
+
     /// Parse `key:value,key:value` (whitespace around items is ignored; an empty
     /// string is the default config).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -294,6 +306,7 @@ impl DtrConfig {
                         .map_err(|_| ConfigError::bad(key, value, "an unsigned integer"))?
                 }
                 "expandable_segments" => c.expandable_segments = parse_switch(key, value)?,
+                "plan_ahead" => c.plan_ahead = parse_switch(key, value)?,
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
                 "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
                 "megengine_staleness" => c.megengine.staleness = parse_f64(key, value)?,

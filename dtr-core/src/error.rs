@@ -156,6 +156,23 @@ pub enum Error {
     /// or in remat-dtr.
     #[error("storage {0:?} is evicted and cannot be regenerated")]
     NotRegenerable(StorageId),
+    /// A storage evicted in an earlier iteration would have to be recomputed: its
+    /// inputs (the weights) may have been updated since, so the result could
+    /// differ from the value it had. Read values before
+    /// [`crate::Runtime::end_iteration`], or keep them resident until then.
+    #[error(
+        "storage {storage:?} was evicted in iteration {created_in} and cannot be recomputed in \
+         iteration {current}: its inputs may have been updated since (read it before \
+         end_iteration(), or keep it resident until then)"
+    )]
+    StaleValue {
+        /// The storage.
+        storage: StorageId,
+        /// The iteration that computed it.
+        created_in: u32,
+        /// The current iteration.
+        current: u32,
+    },
     /// Rematerialization passed the compute limit set with
     /// [`crate::Runtime::set_compute_limit`] (the run is thrashing).
     #[error("compute limit of {limit_ns:.0} ns passed ({spent_ns:.0} ns spent): thrashing")]

@@ -59,6 +59,11 @@ pub(crate) struct StorageRec {
     pub cost: f64,
     /// Visit stamp for neighbourhood searches.
     pub stamp: u32,
+    /// Creation order within its iteration (see [`crate::record`]).
+    pub seq: u32,
+    /// The iteration that created it: evicted storages of an earlier one are
+    /// never regenerated (their inputs may have been updated since).
+    pub epoch: u32,
 }
 
 impl StorageRec {
@@ -115,6 +120,9 @@ pub(crate) struct Graph {
     pub recent_compute: f64,
     /// Recent rematerialization cost, decayed alike.
     pub recent_remat: f64,
+    /// Index of the public call being run in the current iteration (policies
+    /// that learned the iteration look their future up by it).
+    pub pos: u32,
     pub(crate) stamp: u32,
     pub(crate) stack: Vec<StorageId>,
     pub(crate) roots: Vec<u32>,

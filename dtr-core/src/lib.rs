@@ -76,22 +76,28 @@
 //! Events: `tracing` targets `remat_dtr::evict`, `remat_dtr::remat`,
 //! `remat_dtr::oom`.
 
+pub mod arena;
 pub mod config;
 pub mod error;
+pub mod execute;
 mod graph;
 pub mod ids;
 pub mod memory;
 pub mod op;
 pub mod physical;
+pub mod planner;
 pub mod policy;
+pub mod record;
 pub mod replay;
 mod rng;
 pub mod runtime;
 pub mod stats;
 pub mod unionfind;
 
+pub use arena::ArenaMemory;
 pub use config::{BudgetMode, ConfigError, DtrConfig, MegEngineParams, PolicyKind};
 pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, OpError, Result};
+pub use execute::IterationPlan;
 pub use graph::{Hot, Residency};
 pub use ids::{OpId, StorageId, TensorId};
 pub use memory::{
@@ -101,6 +107,7 @@ pub use memory::{
 pub use op::{FnOp, OpHandle, OutputSpec};
 pub use physical::PhysicalBudget;
 pub use policy::{make_policy, DecisionView, EvictionPolicy, Request};
+pub use record::{Boundary, Event, Recording, Ref};
 pub use remat_alloc::AllocatorConfig;
 pub use runtime::Runtime;
-pub use stats::RuntimeStats;
+pub use stats::{IterationReport, PlanSummary, RuntimeStats};

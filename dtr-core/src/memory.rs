@@ -94,6 +94,13 @@ pub trait MemoryModel: Send {
     /// Place `bytes` bytes.
     fn allocate(&mut self, bytes: u64) -> Result<Slot, AllocFailure>;
 
+    /// Place `bytes` bytes at `offset`, where a plan put them. Models without
+    /// addresses ignore the offset and allocate as usual.
+    fn allocate_at(&mut self, bytes: u64, offset: u64) -> Result<Slot, AllocFailure> {
+        let _ = offset;
+        self.allocate(bytes)
+    }
+
     /// Give a slot back.
     fn free(&mut self, slot: Slot) -> Result<(), String>;
 

@@ -43,6 +43,91 @@ pub struct RuntimeStats {
     pub live_bytes: u64,
     /// Peak of `live_bytes`.
     pub peak_live_bytes: u64,
+    /// Iterations ended ([`crate::Runtime::end_iteration`]).
+    pub iterations: u64,
+    /// Of [`RuntimeStats::evictions`]: evictions a plan scheduled.
+    pub planned_evictions: u64,
+    /// Iterations that left their plan (a call differed from the recorded
+    /// iteration, or a plan step could not be taken).
+    pub divergences: u64,
+}
+
+/// The plan adopted for the next iteration, in figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSummary {
+    /// The portfolio entry that won (`learned:next-use`, `remat`, …).
+    pub policy: &'static str,
+    /// Simulated overhead (first computations plus rematerializations, over
+    /// first computations).
+    pub overhead: f64,
+    /// Bytes of the arena that holds the whole iteration (≤ budget).
+    pub arena_bytes: u64,
+    /// The logical budget the winning simulation ran under.
+    pub simulated_budget: u64,
+    /// Planning wall time in ms.
+    pub plan_ms: f64,
+    /// Simulations run.
+    pub simulations: u32,
+    /// Ops in the planned iteration.
+    pub ops: usize,
+}
+
+impl From<&crate::execute::IterationPlan> for PlanSummary {
+    fn from(p: &crate::execute::IterationPlan) -> Self {
+        let ops = p
+            .events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    crate::record::Event::Apply { .. } | crate::record::Event::Mutate { .. }
+                )
+            })
+            .count();
+        Self {
+            policy: p.policy,
+            overhead: p.overhead(),
+            arena_bytes: p.arena_bytes,
+            simulated_budget: p.simulated_budget,
+            plan_ms: p.plan_ms,
+            simulations: p.simulations,
+            ops,
+        }
+    }
+}
+
+/// What one iteration did ([`crate::Runtime::end_iteration`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationReport {
+    /// 0 for the first iteration.
+    pub index: u32,
+    /// The iteration started under a plan.
+    pub planned: bool,
+    /// Times it left its plan (0 or 1).
+    pub divergences: u32,
+    /// First computations (ns).
+    pub compute_ns: f64,
+    /// Rematerializations (ns).
+    pub remat_ns: f64,
+    /// Evictions.
+    pub evictions: u64,
+    /// Rematerializations.
+    pub rematerializations: u64,
+    /// The arena of its plan, when it had one.
+    pub arena_bytes: Option<u64>,
+    /// The plan adopted for the next iteration (`None`: it runs online).
+    pub next_plan: Option<PlanSummary>,
+}
+
+impl IterationReport {
+    /// (first computations + rematerializations) / first computations.
+    pub fn overhead(&self) -> f64 {
+        if self.compute_ns > 0.0 {
+            (self.compute_ns + self.remat_ns) / self.compute_ns
+        } else {
+            1.0
+        }
+    }
 }
 
 impl RuntimeStats {

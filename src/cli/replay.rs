@@ -50,6 +50,12 @@ pub struct ReplayArgs {
     /// PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF) when set, else PyTorch's.
     #[arg(long)]
     pub alloc_conf: Option<String>,
+    /// Replay the trace as this many training iterations: constants persist,
+    /// every other name is fresh in each; from the second boundary on, remat
+    /// plans each iteration from the one before (plan-ahead DTR). Status and
+    /// overhead are then the last iteration's.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub iterations: u64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -131,6 +137,26 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
         "allocator_conf": r.allocator_conf,
         "wall_ms": r.wall_ms,
         "error": r.error,
+        "iterations": r.iterations.iter().map(|it| serde_json::json!({
+            "index": it.index,
+            "status": it.status.name(),
+            "overhead": it.overhead,
+            "evictions": it.evictions,
+            "rematerializations": it.rematerializations,
+            "planned": it.planned,
+            "divergences": it.divergences,
+            "arena_bytes": it.arena_bytes,
+            "next_plan": it.next_plan.as_ref().map(|p| serde_json::json!({
+                "policy": p.policy,
+                "overhead": p.overhead,
+                "arena_bytes": p.arena_bytes,
+                "simulated_budget": p.simulated_budget,
+                "plan_ms": p.plan_ms,
+                "simulations": p.simulations,
+                "ops": p.ops,
+            })),
+        })).collect::<Vec<_>>(),
+        "steady_overhead": r.steady_overhead,
     })
 }
 
@@ -165,6 +191,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             .as_ref()
             .map(|_| (trace.instructions.len() / 2000).max(1)),
         oracle,
+        iterations: args.iterations as usize,
     };
     let mut r = replay(&trace, &opts, base.compute_ns)?;
     if args.budget.is_none() {
@@ -198,6 +225,31 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(e) = &r.error {
             println!("  {e}");
+        }
+        if r.iterations.len() > 1 {
+            for it in &r.iterations {
+                println!(
+                    "  iteration {}: {} — overhead {:.4}, {} evictions, {} rematerializations{}{}",
+                    it.index,
+                    it.status.name(),
+                    it.overhead,
+                    it.evictions,
+                    it.rematerializations,
+                    if it.planned {
+                        format!(
+                            ", planned (arena {} B, {} divergences)",
+                            it.arena_bytes.unwrap_or(0),
+                            it.divergences
+                        )
+                    } else {
+                        ", online".to_string()
+                    },
+                    it.next_plan.as_ref().map_or(String::new(), |p| format!(
+                        "; next: plan {} (simulated {:.4}, {:.0} ms)",
+                        p.policy, p.overhead, p.plan_ms
+                    )),
+                );
+            }
         }
     }
     Ok(())
@@ -237,6 +289,7 @@ fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         oracles: oracles(args)?,
         base: base_config(args)?,
         threads: args.threads,
+        iterations: args.iterations as usize,
     };
     let started = std::time::Instant::now();
     let reports = run_sweep(&traces, &spec, |done, total, r| {
@@ -296,6 +349,7 @@ fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         thrash_limit: 2.0,
         timeline_every: Some((t.instructions.len() / 2000).max(1)),
         oracle: None,
+        iterations: 1,
     };
     let mut r = replay(t, &opts, b.compute_ns)?;
     r.ratio = Some(ratio);

@@ -87,6 +87,16 @@ impl<'a> DecisionView<'a> {
         (pos != NONE).then(|| self.graph.hot[pos as usize])
     }
 
+    /// Sequence number of `s` within the current iteration (see [`crate::record`]).
+    pub fn seq(&self, s: StorageId) -> u32 {
+        self.graph.st(s).seq
+    }
+
+    /// Index of the public call being run in the current iteration.
+    pub fn position(&self) -> u32 {
+        self.graph.pos
+    }
+
     /// Whether replays have recently cost more than first computations (decayed
     /// sums over about the last thousand ops).
     pub fn thrashing(&self) -> bool {

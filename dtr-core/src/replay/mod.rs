@@ -80,6 +80,9 @@ pub struct ReplayOptions {
     /// Analysis only: replace the config's policy with an [`OracleKind`] that
     /// reads the rest of the trace (see [`oracle`]).
     pub oracle: Option<OracleKind>,
+    /// Replay the trace as this many training iterations (at least 1; see
+    /// [`replay`]).
+    pub iterations: usize,
 }
 
 impl ReplayOptions {
@@ -90,6 +93,7 @@ impl ReplayOptions {
             thrash_limit: 2.0,
             timeline_every: None,
             oracle: None,
+            iterations: 1,
         }
     }
 
@@ -103,6 +107,7 @@ impl ReplayOptions {
             thrash_limit: 2.0,
             timeline_every: None,
             oracle: None,
+            iterations: 1,
         }
     }
 }
@@ -170,6 +175,34 @@ pub struct ReplayReport {
     pub error: Option<String>,
     /// Memory timeline, when asked for.
     pub timeline: Vec<TimelinePoint>,
+    /// One row per iteration run (one row without `--iterations`).
+    pub iterations: Vec<IterationRow>,
+    /// The last iteration's overhead, `None` when it failed.
+    pub steady_overhead: Option<f64>,
+}
+
+/// One training iteration of a replay with [`ReplayOptions::iterations`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationRow {
+    /// 0 for the first.
+    pub index: usize,
+    /// How it ended.
+    pub status: ReplayStatus,
+    /// Its compute (first computations plus rematerializations) over the
+    /// trace's baseline.
+    pub overhead: f64,
+    /// Its evictions.
+    pub evictions: u64,
+    /// Its rematerializations.
+    pub rematerializations: u64,
+    /// It started under a plan.
+    pub planned: bool,
+    /// Times it left its plan.
+    pub divergences: u32,
+    /// Bytes of its plan's arena (`None`: it ran online).
+    pub arena_bytes: Option<u64>,
+    /// The plan made at its end for the next iteration, if any.
+    pub next_plan: Option<crate::stats::PlanSummary>,
 }
 
 /// A replay failure that is not a budget outcome (a malformed trace, a bug).
@@ -181,6 +214,9 @@ pub enum ReplayError {
     /// The runtime failed for a reason other than the budget.
     #[error("runtime: {0}")]
     Runtime(#[from] Error),
+    /// Options that do not go together.
+    #[error("options: {0}")]
+    Options(String),
     /// A name the trace uses is not bound.
     #[error("instruction {at}: unknown name {name:?}")]
     UnknownName {
@@ -207,10 +243,26 @@ pub fn replay(
     opts: &ReplayOptions,
     baseline_ns: u64,
 ) -> Result<ReplayReport, ReplayError> {
+    if opts.iterations == 0 {
+        return Err(ReplayError::Options("iterations must be at least 1".into()));
+    }
     let Some(kind) = opts.oracle else {
-        let rt = Runtime::new(opts.config.clone())?;
+        // One iteration has nothing to plan: skip the recorder.
+        let config = opts.config.clone();
+        let config = if opts.iterations == 1 {
+            config.with_plan_ahead(false)
+        } else {
+            config
+        };
+        let rt = Runtime::new(config)?;
         return drive(trace, opts, baseline_ns, rt, None);
     };
+    if opts.iterations > 1 {
+        return Err(ReplayError::Options(format!(
+            "--oracle reads one trace's future and replays one iteration; got --iterations {}",
+            opts.iterations
+        )));
+    }
     // Analysis: first learn what the trace reads and when, without a budget.
     let mut recorder = Tracker::recorder();
     let unbounded = ReplayOptions::unbounded();
@@ -229,6 +281,13 @@ pub fn replay(
 
 /// The replay loop over runtime `rt`; `tracker` numbers storages, records reads
 /// and follows the position for an oracle policy.
+///
+/// With [`ReplayOptions::iterations`] = K > 1 the trace runs K times on one
+/// runtime: constants persist (a `CONSTANT` whose name is still bound is not put
+/// again), every other name is released at the end of an iteration, and
+/// [`Runtime::end_iteration`] separates the iterations. The first iteration stops
+/// as thrash only past [`FIRST_ITERATION_LIMIT`] × baseline (it runs online while
+/// recording); later ones at [`ReplayOptions::thrash_limit`].
 fn drive(
     trace: &Trace,
     opts: &ReplayOptions,
@@ -238,15 +297,14 @@ fn drive(
 ) -> Result<ReplayReport, ReplayError> {
     let started = Instant::now();
     rt.record_decision_times(true);
-    let limit = opts.thrash_limit * baseline_ns as f64;
-    if opts.config.budget.is_some() || opts.config.threshold.is_some() {
-        rt.set_compute_limit(Some(limit));
-    }
+    let bounded = opts.config.budget.is_some();
     let mut names: AHashMap<&str, TensorId> = AHashMap::new();
+    let mut constants: AHashMap<&str, ()> = AHashMap::new();
     let mut ops: Vec<Arc<dyn OpHandle<()>>> = Vec::new();
     let mut timeline = Vec::new();
     let mut status = ReplayStatus::Ok;
     let mut error = None;
+    let mut rows = Vec::new();
     let ins = &trace.instructions;
     let get = |names: &AHashMap<&str, TensorId>, at: usize, n: &str| {
         names
@@ -257,202 +315,291 @@ fn drive(
                 name: n.to_string(),
             })
     };
-    let mut i = 0;
-    let outcome: Result<(), Error> = loop {
-        if i >= ins.len() {
-            break Ok(());
+    for iteration in 0..opts.iterations {
+        let factor = if opts.iterations > 1 && iteration == 0 {
+            FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
+        } else {
+            opts.thrash_limit
+        };
+        let at_start = rt.stats().clone();
+        let limit = at_start.total_compute_ns() + factor * baseline_ns as f64;
+        if bounded || opts.config.threshold.is_some() {
+            rt.set_compute_limit(Some(limit));
         }
-        if let Some(tr) = tracker.as_deref_mut() {
-            tr.at(i, rt.stats().compute_ns);
-        }
-        let step: Result<(), Error> = match &ins[i] {
-            Instruction::Constant { name } => {
-                let bytes = match ins.get(i + 1) {
-                    Some(Instruction::Memory { name: n, bytes }) if n == name => *bytes,
-                    _ => 0,
-                };
-                i += 1;
-                rt.put((), bytes).map(|t| {
-                    if let Some(tr) = tracker.as_deref_mut() {
-                        tr.created(&rt, t);
-                    }
-                    names.insert(name.as_str(), t);
-                })
+        let mut i = 0;
+        let outcome: Result<(), Error> = loop {
+            if i >= ins.len() {
+                break Ok(());
             }
-            Instruction::Call {
-                args,
-                results,
-                time_ns,
-                ..
-            } => {
-                let mut specs = vec![OutputSpec::fresh(0); results.len()];
-                let mut sizes = vec![0u64; results.len()];
-                let mut j = i + 1;
-                while j < ins.len() {
-                    match &ins[j] {
-                        Instruction::Memory { name, bytes } => {
-                            if let Some(k) = results.iter().position(|r| r == name) {
-                                sizes[k] = *bytes;
-                            }
-                        }
-                        Instruction::Alias { name, alias } => {
-                            if let Some(k) = results.iter().position(|r| r == name) {
-                                specs[k] = if *alias < 0 {
-                                    OutputSpec::fresh(sizes[k])
-                                } else {
-                                    OutputSpec::view(*alias as usize)
-                                };
-                            }
-                        }
-                        _ => break,
-                    }
-                    j += 1;
-                }
-                i = j - 1;
-                let inputs = args
-                    .iter()
-                    .map(|a| get(&names, i, a))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let fresh = specs
-                    .iter()
-                    .filter(|s| matches!(s, OutputSpec::Fresh { .. }))
-                    .count();
-                while ops.len() <= fresh {
-                    ops.push(Arc::new(TraceOp(ops.len())));
-                }
-                if let Some(tr) = tracker.as_deref_mut() {
-                    tr.read(&rt, &inputs);
-                }
-                rt.apply(ops[fresh].clone(), &inputs, &specs, *time_ns)
-                    .map(|outs| {
-                        for ((r, t), spec) in results.iter().zip(outs).zip(&specs) {
-                            if let (Some(tr), OutputSpec::Fresh { .. }) =
-                                (tracker.as_deref_mut(), spec)
-                            {
+            if let Some(tr) = tracker.as_deref_mut() {
+                tr.at(i, rt.stats().compute_ns);
+            }
+            let step: Result<(), Error> = match &ins[i] {
+                Instruction::Constant { name } => {
+                    let bytes = match ins.get(i + 1) {
+                        Some(Instruction::Memory { name: n, bytes }) if n == name => *bytes,
+                        _ => 0,
+                    };
+                    i += 1;
+                    if iteration > 0 && names.contains_key(name.as_str()) {
+                        // A persisting constant (a parameter): already resident.
+                        Ok(())
+                    } else {
+                        rt.put((), bytes).map(|t| {
+                            if let Some(tr) = tracker.as_deref_mut() {
                                 tr.created(&rt, t);
                             }
-                            names.insert(r.as_str(), t);
-                        }
-                    })
-            }
-            Instruction::Mutate {
-                args,
-                mutate,
-                time_ns,
-                ..
-            } => {
-                let inputs = args
-                    .iter()
-                    .map(|a| get(&names, i, a))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let mut storages: Vec<_> = Vec::new();
-                for &k in mutate {
-                    let s = rt.storage_of(inputs[k])?;
-                    if !storages.contains(&s) {
-                        storages.push(s);
+                            constants.insert(name.as_str(), ());
+                            names.insert(name.as_str(), t);
+                        })
                     }
                 }
-                while ops.len() <= storages.len() {
-                    ops.push(Arc::new(TraceOp(ops.len())));
-                }
-                if let Some(tr) = tracker.as_deref_mut() {
-                    tr.read(&rt, &inputs);
-                }
-                rt.mutate(ops[storages.len()].clone(), &inputs, mutate, *time_ns)
-                    .map(|()| {
-                        // One new version per distinct mutated storage, in order.
-                        if let Some(tr) = tracker.as_deref_mut() {
-                            let mut seen = Vec::new();
-                            for &k in mutate {
-                                if let Ok(s) = rt.storage_of(inputs[k]) {
-                                    if !seen.contains(&s) {
-                                        seen.push(s);
-                                        tr.created(&rt, inputs[k]);
+                Instruction::Call {
+                    args,
+                    results,
+                    time_ns,
+                    ..
+                } => {
+                    let mut specs = vec![OutputSpec::fresh(0); results.len()];
+                    let mut sizes = vec![0u64; results.len()];
+                    let mut j = i + 1;
+                    while j < ins.len() {
+                        match &ins[j] {
+                            Instruction::Memory { name, bytes } => {
+                                if let Some(k) = results.iter().position(|r| r == name) {
+                                    sizes[k] = *bytes;
+                                }
+                            }
+                            Instruction::Alias { name, alias } => {
+                                if let Some(k) = results.iter().position(|r| r == name) {
+                                    specs[k] = if *alias < 0 {
+                                        OutputSpec::fresh(sizes[k])
+                                    } else {
+                                        OutputSpec::view(*alias as usize)
+                                    };
+                                }
+                            }
+                            _ => break,
+                        }
+                        j += 1;
+                    }
+                    i = j - 1;
+                    let inputs = args
+                        .iter()
+                        .map(|a| get(&names, i, a))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let fresh = specs
+                        .iter()
+                        .filter(|s| matches!(s, OutputSpec::Fresh { .. }))
+                        .count();
+                    while ops.len() <= fresh {
+                        ops.push(Arc::new(TraceOp(ops.len())));
+                    }
+                    if let Some(tr) = tracker.as_deref_mut() {
+                        tr.read(&rt, &inputs);
+                    }
+                    rt.apply(ops[fresh].clone(), &inputs, &specs, *time_ns)
+                        .and_then(|outs| {
+                            for ((r, t), spec) in results.iter().zip(outs).zip(&specs) {
+                                if let (Some(tr), OutputSpec::Fresh { .. }) =
+                                    (tracker.as_deref_mut(), spec)
+                                {
+                                    tr.created(&rt, t);
+                                }
+                                // A result that rebinds a name drops the old tensor.
+                                if let Some(old) = names.insert(r.as_str(), t) {
+                                    if opts.iterations > 1 {
+                                        constants.remove(r.as_str());
+                                        rt.release(old)?;
                                     }
                                 }
                             }
-                        }
-                    })
-            }
-            Instruction::Copy { dst, src } => {
-                let t = get(&names, i, src)?;
-                rt.retain(t).map(|()| {
-                    names.insert(dst.as_str(), t);
-                })
-            }
-            Instruction::CopyFrom { dst, src } => {
-                let t = get(&names, i, src)?;
-                let old = get(&names, i, dst)?;
-                rt.retain(t).and_then(|()| {
-                    names.insert(dst.as_str(), t);
-                    rt.release(old)
-                })
-            }
-            Instruction::Release { name } => match names.remove(name.as_str()) {
-                Some(t) => rt.release(t),
-                None => Ok(()),
-            },
-            Instruction::Annotate(a) => {
-                if let (Some(tr), remat_trace::Annotation::Backward) = (tracker.as_deref_mut(), a) {
-                    tr.backward();
+                            Ok(())
+                        })
                 }
-                Ok(())
+                Instruction::Mutate {
+                    args,
+                    mutate,
+                    time_ns,
+                    ..
+                } => {
+                    let inputs = args
+                        .iter()
+                        .map(|a| get(&names, i, a))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let mut storages: Vec<_> = Vec::new();
+                    for &k in mutate {
+                        let s = rt.storage_of(inputs[k])?;
+                        if !storages.contains(&s) {
+                            storages.push(s);
+                        }
+                    }
+                    while ops.len() <= storages.len() {
+                        ops.push(Arc::new(TraceOp(ops.len())));
+                    }
+                    if let Some(tr) = tracker.as_deref_mut() {
+                        tr.read(&rt, &inputs);
+                    }
+                    rt.mutate(ops[storages.len()].clone(), &inputs, mutate, *time_ns)
+                        .map(|()| {
+                            // One new version per distinct mutated storage, in order.
+                            if let Some(tr) = tracker.as_deref_mut() {
+                                let mut seen = Vec::new();
+                                for &k in mutate {
+                                    if let Ok(s) = rt.storage_of(inputs[k]) {
+                                        if !seen.contains(&s) {
+                                            seen.push(s);
+                                            tr.created(&rt, inputs[k]);
+                                        }
+                                    }
+                                }
+                            }
+                        })
+                }
+                Instruction::Copy { dst, src } => {
+                    let t = get(&names, i, src)?;
+                    rt.retain(t)
+                        .and_then(|()| match names.insert(dst.as_str(), t) {
+                            Some(old) if opts.iterations > 1 => {
+                                constants.remove(dst.as_str());
+                                rt.release(old)
+                            }
+                            _ => Ok(()),
+                        })
+                }
+                Instruction::CopyFrom { dst, src } => {
+                    let t = get(&names, i, src)?;
+                    let old = get(&names, i, dst)?;
+                    rt.retain(t).and_then(|()| {
+                        names.insert(dst.as_str(), t);
+                        rt.release(old)
+                    })
+                }
+                Instruction::Release { name } => match names.remove(name.as_str()) {
+                    Some(t) => {
+                        constants.remove(name.as_str());
+                        rt.release(t)
+                    }
+                    None => Ok(()),
+                },
+                Instruction::Annotate(a) => {
+                    if let (Some(tr), remat_trace::Annotation::Backward) =
+                        (tracker.as_deref_mut(), a)
+                    {
+                        tr.backward();
+                    }
+                    Ok(())
+                }
+                Instruction::Memory { .. } | Instruction::Alias { .. } => Ok(()),
+            };
+            if let Err(e) = step {
+                break Err(e);
             }
-            Instruction::Memory { .. } | Instruction::Alias { .. } => Ok(()),
-        };
-        if let Err(e) = step {
-            break Err(e);
-        }
-        if let Some(every) = opts.timeline_every {
-            if i % every.max(1) == 0 {
-                timeline.push(TimelinePoint {
-                    at: i,
-                    clock_ns: rt.clock(),
-                    live_bytes: rt.stats().live_bytes,
-                    reserved_bytes: rt.memory_usage().reserved,
-                });
+            if let Some(every) = opts.timeline_every {
+                if i % every.max(1) == 0 {
+                    timeline.push(TimelinePoint {
+                        at: i,
+                        clock_ns: rt.clock(),
+                        live_bytes: rt.stats().live_bytes,
+                        reserved_bytes: rt.memory_usage().reserved,
+                    });
+                }
             }
-        }
-        if rt.stats().total_compute_ns() > limit && opts.config.budget.is_some() {
-            status = ReplayStatus::Thrash;
-            break Ok(());
-        }
-        i += 1;
-    };
-    let outcome = outcome.and_then(|()| {
-        if status != ReplayStatus::Ok {
-            return Ok(());
-        }
-        // The outputs: everything still named must be materializable at the end.
-        let mut live: Vec<TensorId> = names.values().copied().collect();
-        live.sort_unstable();
-        if let Some(tr) = tracker {
-            tr.at(ins.len(), rt.stats().compute_ns);
-            tr.read(&rt, &live);
-        }
-        for t in live {
-            rt.access(t)?;
-            if rt.stats().total_compute_ns() > limit && opts.config.budget.is_some() {
+            if rt.stats().total_compute_ns() > limit && bounded {
                 status = ReplayStatus::Thrash;
-                break;
+                break Ok(());
             }
+            i += 1;
+        };
+        let outcome = outcome.and_then(|()| {
+            if status != ReplayStatus::Ok {
+                return Ok(());
+            }
+            // The outputs: everything still named must be materializable at the end.
+            // Several iterations read them by name (tensor ids differ between
+            // iterations, names do not); one iteration by tensor id, as the
+            // published single-iteration figures were measured.
+            let mut named: Vec<(&str, TensorId)> = names.iter().map(|(n, t)| (*n, *t)).collect();
+            if opts.iterations > 1 {
+                named.sort_unstable_by_key(|(n, _)| *n);
+            } else {
+                named.sort_unstable_by_key(|(_, t)| *t);
+            }
+            let live: Vec<TensorId> = named.into_iter().map(|(_, t)| t).collect();
+            if let Some(tr) = tracker.as_deref_mut() {
+                tr.at(ins.len(), rt.stats().compute_ns);
+                tr.read(&rt, &live);
+            }
+            for t in live {
+                rt.access(t)?;
+                if rt.stats().total_compute_ns() > limit && bounded {
+                    status = ReplayStatus::Thrash;
+                    break;
+                }
+            }
+            Ok(())
+        });
+        match outcome {
+            Ok(()) => {}
+            Err(e @ Error::ImpossibleBudget(_)) => {
+                status = ReplayStatus::Oom;
+                error = Some(e.to_string());
+            }
+            Err(Error::ComputeLimit { .. }) => status = ReplayStatus::Thrash,
+            Err(e) => return Err(e.into()),
         }
-        Ok(())
-    });
-    match outcome {
-        Ok(()) => {}
-        Err(e @ Error::ImpossibleBudget(_)) => {
-            status = ReplayStatus::Oom;
-            error = Some(e.to_string());
+        let s = rt.stats();
+        let spent = s.total_compute_ns() - at_start.total_compute_ns();
+        let mut row = IterationRow {
+            index: iteration,
+            status,
+            overhead: if baseline_ns == 0 {
+                1.0
+            } else {
+                spent / baseline_ns as f64
+            },
+            evictions: s.evictions - at_start.evictions,
+            rematerializations: s.rematerializations - at_start.rematerializations,
+            planned: rt.current_plan().is_some(),
+            divergences: (s.divergences - at_start.divergences) as u32,
+            arena_bytes: rt.current_plan().map(|p| p.arena_bytes),
+            next_plan: None,
+        };
+        if status != ReplayStatus::Ok || opts.iterations == 1 {
+            rows.push(row);
+            break;
         }
-        Err(Error::ComputeLimit { .. }) => status = ReplayStatus::Thrash,
-        Err(e) => return Err(e.into()),
+        // The iteration's names die with it; constants persist.
+        let mut dead: Vec<(&str, TensorId)> = names
+            .iter()
+            .filter(|(n, _)| !constants.contains_key(*n))
+            .map(|(n, t)| (*n, *t))
+            .collect();
+        dead.sort_unstable_by_key(|(n, _)| *n);
+        for (n, t) in dead {
+            names.remove(n);
+            rt.release(t)?;
+        }
+        let report = rt.end_iteration()?;
+        row.next_plan = report.next_plan;
+        rows.push(row);
     }
     let stats = rt.stats().clone();
     let usage = rt.memory_usage();
     let mut decisions = rt.decision_ns().to_vec();
     let budget = opts.config.budget;
-    let total = stats.total_compute_ns();
+    let last = rows.last().cloned();
+    let overhead = if opts.iterations > 1 {
+        last.as_ref().map_or(1.0, |r| r.overhead)
+    } else if baseline_ns == 0 {
+        1.0
+    } else {
+        stats.total_compute_ns() / baseline_ns as f64
+    };
+    let steady_overhead = last
+        .as_ref()
+        .filter(|r| r.status == ReplayStatus::Ok)
+        .map(|r| r.overhead);
     Ok(ReplayReport {
         trace: trace.name.clone(),
         policy: rt.policy_name().to_string(),
@@ -460,13 +607,9 @@ fn drive(
         budget_mode: opts.config.budget_mode,
         budget_bytes: budget,
         status,
-        overhead: if baseline_ns == 0 {
-            1.0
-        } else {
-            total / baseline_ns as f64
-        },
+        overhead,
         baseline_compute_ns: baseline_ns,
-        total_compute_ns: total.round() as u64,
+        total_compute_ns: stats.total_compute_ns().round() as u64,
         peak_live_bytes: stats.peak_live_bytes,
         peak_reserved_bytes: usage.peak_reserved,
         evictions: stats.evictions,
@@ -482,8 +625,14 @@ fn drive(
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
         error,
         timeline,
+        iterations: rows,
+        steady_overhead,
     })
 }
+
+/// Thrash limit of the first of several iterations (× baseline): it runs online
+/// and may be slow; a budget that needs more is reported as thrash.
+pub const FIRST_ITERATION_LIMIT: f64 = 20.0;
 
 /// Replay `trace` at `ratio` × its unbounded peak (`remat_trace::baseline`).
 pub fn replay_ratio(
@@ -504,6 +653,7 @@ pub fn replay_ratio(
         thrash_limit: 2.0,
         timeline_every: None,
         oracle: None,
+        iterations: 1,
     };
     let mut r = replay(trace, &opts, b.compute_ns)?;
     r.ratio = Some(ratio);

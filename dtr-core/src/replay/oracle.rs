@@ -87,6 +87,11 @@ pub(crate) struct Future {
 }
 
 impl Future {
+    /// A future from reads by sequence number and the clock before each position.
+    pub(crate) fn new(reads: Vec<Vec<u32>>, clock_at: Vec<f64>) -> Self {
+        Self { reads, clock_at }
+    }
+
     /// ns from instruction `pos` to the next direct read of `seq` after it;
     /// `None` when the trace never reads it again.
     fn time_to_next_read(&self, seq: u64, pos: usize) -> Option<f64> {
@@ -205,17 +210,30 @@ pub(crate) fn policy(kind: OracleKind, future: Future) -> (OraclePolicy, Tracker
     let policy = OraclePolicy {
         kind,
         future: Arc::new(future),
-        progress: tracker.progress.clone(),
+        progress: Some(tracker.progress.clone()),
         blocks: Vec::new(),
     };
     (policy, tracker)
+}
+
+/// The same pricing over a *recorded* iteration, for the planner: the position is
+/// the runtime's call index and storages are named by their sequence number in
+/// the iteration, so the runtime itself says where it is (see [`crate::planner`]).
+pub(crate) fn learned(kind: OracleKind, future: Arc<Future>) -> OraclePolicy {
+    OraclePolicy {
+        kind,
+        future,
+        progress: None,
+        blocks: Vec::new(),
+    }
 }
 
 /// The analysis policy (see the module doc).
 pub(crate) struct OraclePolicy {
     kind: OracleKind,
     future: Arc<Future>,
-    progress: Arc<Mutex<Progress>>,
+    /// The replayer's position; `None`: the runtime's own (learned policies).
+    progress: Option<Arc<Mutex<Progress>>>,
     blocks: Vec<BlockView>,
 }
 
@@ -226,18 +244,31 @@ impl OraclePolicy {
         self.future.time_to_next_read(seq, p.pos)
     }
 
+    /// The learned variant's position: the runtime's call index and sequence
+    /// numbers, packed into a [`Progress`] with one entry.
+    fn locate(v: &DecisionView<'_>, s: StorageId) -> (u64, usize) {
+        (v.seq(s) as u64, v.position() as usize)
+    }
+
     /// The block cost the window search uses: what evicting `s` is expected to
     /// cost, per ns of staleness (remat's, thrash guard included) or per ns until
     /// its next read (next-use).
-    fn cost(&self, p: &Progress, v: &mut DecisionView<'_>, s: StorageId) -> f64 {
+    fn cost(&self, p: Option<&Progress>, v: &mut DecisionView<'_>, s: StorageId) -> f64 {
+        let next = match p {
+            Some(p) => self.time_to_next_read(p, s),
+            None => {
+                let (seq, pos) = Self::locate(v, s);
+                self.future.time_to_next_read(seq, pos)
+            }
+        };
         match self.kind {
-            OracleKind::NextUse => match self.time_to_next_read(p, s) {
+            OracleKind::NextUse => match next {
                 Some(t) => v.e_star_exact(s) / t,
                 None => 0.0,
             },
             OracleKind::Dead | OracleKind::DeadAfterBackward => {
-                let knows = self.kind == OracleKind::Dead || p.backward;
-                if knows && self.time_to_next_read(p, s).is_none() {
+                let knows = self.kind == OracleKind::Dead || p.is_some_and(|p| p.backward);
+                if knows && next.is_none() {
                     0.0
                 } else {
                     let use_stale = !v.thrashing();
@@ -250,18 +281,24 @@ impl OraclePolicy {
 
 impl EvictionPolicy for OraclePolicy {
     fn name(&self) -> &'static str {
-        match self.kind {
-            OracleKind::NextUse => "oracle:next-use",
-            OracleKind::Dead => "oracle:dead",
-            OracleKind::DeadAfterBackward => "oracle:dead-after-backward",
+        match (self.kind, self.progress.is_some()) {
+            (OracleKind::NextUse, true) => "oracle:next-use",
+            (OracleKind::Dead, true) => "oracle:dead",
+            (OracleKind::DeadAfterBackward, true) => "oracle:dead-after-backward",
+            (OracleKind::NextUse, false) => "learned:next-use",
+            (OracleKind::Dead, false) => "learned:dead",
+            (OracleKind::DeadAfterBackward, false) => "learned:dead-after-backward",
         }
     }
 
     fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>) {
         let progress = self.progress.clone();
-        let p = progress.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = progress
+            .as_ref()
+            .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()));
+        let p = guard.as_deref();
         let mut blocks = std::mem::take(&mut self.blocks);
-        let window = cheapest_window(view, &mut blocks, true, |v, s| self.cost(&p, v, s));
+        let window = cheapest_window(view, &mut blocks, true, |v, s| self.cost(p, v, s));
         self.blocks = blocks;
         if let Some(w) = window {
             victims.extend(w.victims);
@@ -272,7 +309,7 @@ impl EvictionPolicy for OraclePolicy {
         let mut best: Option<(f64, StorageId)> = None;
         for i in 0..view.all_candidates().len() {
             let s = view.all_candidates()[i];
-            let score = self.cost(&p, view, s) / view.bytes(s).max(1) as f64;
+            let score = self.cost(p, view, s) / view.bytes(s).max(1) as f64;
             if best.is_none_or(|(b, _)| score < b) {
                 best = Some((score, s));
             }

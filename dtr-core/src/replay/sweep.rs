@@ -22,6 +22,9 @@ pub struct SweepSpec {
     pub base: DtrConfig,
     /// Worker threads (runs are independent).
     pub threads: usize,
+    /// Training iterations per run (see [`ReplayOptions::iterations`]); oracles
+    /// always run one.
+    pub iterations: usize,
 }
 
 impl Default for SweepSpec {
@@ -33,6 +36,7 @@ impl Default for SweepSpec {
             modes: vec![BudgetMode::Physical, BudgetMode::Logical],
             base: DtrConfig::default(),
             threads: 1,
+            iterations: 1,
         }
     }
 }
@@ -82,6 +86,7 @@ pub fn run_sweep(
             thrash_limit: 2.0,
             timeline_every: None,
             oracle,
+            iterations: if oracle.is_some() { 1 } else { spec.iterations },
         };
         let mut r = replay(&traces[ti], &opts, b.compute_ns)?;
         r.ratio = Some(ratio);

@@ -12,15 +12,20 @@ use std::time::Instant;
 
 use ahash::AHashMap;
 
+mod iteration;
+
 use crate::config::{BudgetMode, DtrConfig};
 use crate::error::{DeviceOutOfMemory, Error, ImpossibleBudget, Result};
+use crate::execute::StepKind;
 use crate::graph::{Graph, Hot, OpRec, Residency, StorageRec, NONE};
 use crate::ids::{OpId, Slab, StorageId, TensorId};
 use crate::memory::{AllocFailure, LogicalBudget, MemoryModel, MemoryUsage, Slot};
 use crate::op::{OpHandle, OutputSpec};
 use crate::policy::{make_policy, DecisionView, EvictionPolicy, Request};
+use crate::record::Event;
 use crate::rng::SplitMix64;
 use crate::stats::RuntimeStats;
+use iteration::IterationState;
 
 /// Evicted ancestors visited to order a regeneration's inputs by need.
 const REGEN_ORDER_NODES: usize = 256;
@@ -80,6 +85,9 @@ pub struct Runtime<V> {
     by_need: bool,
     /// The current `hold` replayed (or set out to replay) a compute path.
     replayed: bool,
+    /// Iterations: the recorder, the plan being followed, the counters that name
+    /// storages and allocations within the iteration (see [`iteration`]).
+    iter: IterationState,
 }
 
 impl<V> std::fmt::Debug for Runtime<V> {
@@ -139,7 +147,9 @@ impl<V> Runtime<V> {
             parked_evicted: Vec::new(),
             by_need: false,
             replayed: false,
+            iter: IterationState::default(),
         }
+        .with_recording()
     }
 
     /// Fail rematerializations with [`Error::ComputeLimit`] once first computations
@@ -215,10 +225,32 @@ impl<V> Runtime<V> {
         let st = self.graph.st_mut(storage);
         st.handles += 1;
         st.tensors.push(index);
-        TensorId {
+        let t = TensorId {
             index,
             generation: self.generations[index as usize],
+        };
+        self.on_new_tensor(t);
+        t
+    }
+
+    /// The order in which a regeneration takes its inputs. Online: by slab
+    /// index (what remat's published figures were measured with). Planned and in
+    /// the planner's simulations: creation order (iteration, then sequence
+    /// number), which, unlike reused slab indices, is the same in every
+    /// iteration, so a plan's regenerations replay exactly.
+    fn creation_key(&self, s: StorageId) -> (u32, u32, u32) {
+        if self.iter.stable_order {
+            let r = self.graph.st(s);
+            (r.epoch, r.seq, s.0)
+        } else {
+            (0, 0, s.0)
         }
+    }
+
+    /// Sort storages into regeneration order and drop repeats.
+    fn creation_order(&self, v: &mut Vec<StorageId>) {
+        v.sort_unstable_by_key(|&s| self.creation_key(s));
+        v.dedup();
     }
 
     /// The storage behind tensor `t`.
@@ -250,6 +282,7 @@ impl<V> Runtime<V> {
     /// One more handle on `t` (a copy of the name); balance with [`Runtime::release`].
     pub fn retain(&mut self, t: TensorId) -> Result<()> {
         let rec = self.tensor(t)?;
+        self.note(|rt| Event::Retain(rt.ref_of(t)), &[]);
         self.tensors[t.index].refs += 1;
         self.graph.st_mut(rec.storage).handles += 1;
         Ok(())
@@ -260,7 +293,9 @@ impl<V> Runtime<V> {
     /// Bring external data in (an input or a parameter): placed in the budget,
     /// never evicted.
     pub fn put(&mut self, value: V, bytes: u64) -> Result<TensorId> {
-        let slot = self.make_room(bytes)?;
+        self.note(|_| Event::Put { bytes }, &[]);
+        let slot = self.make_room(bytes);
+        let slot = self.track(slot)?;
         let s = self.new_storage(bytes, Some(slot), None, 0, false, 0.0);
         self.values[s.0 as usize] = Some(value);
         Ok(self.new_tensor(s))
@@ -276,7 +311,8 @@ impl<V> Runtime<V> {
         outputs: &[OutputSpec],
         cost_ns: u64,
     ) -> Result<Vec<TensorId>> {
-        self.apply_inner(op, inputs, outputs, cost_ns, None)
+        let r = self.apply_inner(op, inputs, outputs, cost_ns, None);
+        self.track(r)
     }
 
     /// Register outputs the adapter already computed with `op` on `inputs` (the
@@ -290,7 +326,8 @@ impl<V> Runtime<V> {
         values: Vec<V>,
         cost_ns: u64,
     ) -> Result<Vec<TensorId>> {
-        self.apply_inner(op, inputs, outputs, cost_ns, Some(values))
+        let r = self.apply_inner(op, inputs, outputs, cost_ns, Some(values));
+        self.track(r)
     }
 
     fn apply_inner(
@@ -305,6 +342,16 @@ impl<V> Runtime<V> {
         for &t in inputs {
             in_storages.push(self.tensor(t)?.storage);
         }
+        self.note(
+            |rt| Event::Apply {
+                name: op.name().to_string(),
+                inputs: inputs.iter().map(|&t| rt.ref_of(t)).collect(),
+                outputs: outputs.to_vec(),
+                recomputable: op.recomputable(),
+                cost_ns,
+            },
+            &in_storages,
+        );
         let mut fresh = Vec::new();
         for (o, spec) in outputs.iter().enumerate() {
             match *spec {
@@ -332,8 +379,7 @@ impl<V> Runtime<V> {
             }
         }
         let mut unique = in_storages.clone();
-        unique.sort_unstable();
-        unique.dedup();
+        self.creation_order(&mut unique);
         self.hold(&unique)?;
         let result = self.place_and_compute(&op, &in_storages, &fresh, given);
         let now = self.graph.clock + cost_ns as f64;
@@ -414,10 +460,31 @@ impl<V> Runtime<V> {
         mutated: &[usize],
         cost_ns: u64,
     ) -> Result<()> {
+        let r = self.mutate_inner(op, inputs, mutated, cost_ns);
+        self.track(r)
+    }
+
+    fn mutate_inner(
+        &mut self,
+        op: Arc<dyn OpHandle<V>>,
+        inputs: &[TensorId],
+        mutated: &[usize],
+        cost_ns: u64,
+    ) -> Result<()> {
         let mut in_storages = Vec::with_capacity(inputs.len());
         for &t in inputs {
             in_storages.push(self.tensor(t)?.storage);
         }
+        self.note(
+            |rt| Event::Mutate {
+                name: op.name().to_string(),
+                inputs: inputs.iter().map(|&t| rt.ref_of(t)).collect(),
+                mutated: mutated.to_vec(),
+                recomputable: op.recomputable(),
+                cost_ns,
+            },
+            &in_storages,
+        );
         let mut targets: Vec<StorageId> = Vec::new();
         for &k in mutated {
             let s = *in_storages.get(k).ok_or(Error::BadViewIndex {
@@ -430,8 +497,7 @@ impl<V> Runtime<V> {
             }
         }
         let mut unique = in_storages.clone();
-        unique.sort_unstable();
-        unique.dedup();
+        self.creation_order(&mut unique);
         if self.unbounded() {
             for &t in &targets {
                 if !self.graph.st(t).recomputable && !self.graph.st(t).users.is_empty() {
@@ -482,7 +548,7 @@ impl<V> Runtime<V> {
             None
         };
         let now = self.graph.clock + cost_ns as f64;
-        let (Some(values), None) = (values, failed.take().or(None)) else {
+        let (Some(values), None) = (values, failed.as_ref()) else {
             let e = failed.unwrap_or_else(|| Error::Internal("mutate failed".into()));
             self.free_slots(slots.into_iter().flatten().collect());
             for &s in &unique {
@@ -674,8 +740,11 @@ impl<V> Runtime<V> {
             recomputable: recomputable && producer.is_some(),
             cost,
             stamp: 0,
+            seq: self.iter.seq_storages.len() as u32,
+            epoch: self.iter.epoch,
         });
         let s = StorageId(idx);
+        self.iter.seq_storages.push(s);
         if let (Some(ptr), true) = (ptr, self.memory.has_addresses()) {
             self.by_ptr.insert(ptr, s);
         }
@@ -694,7 +763,9 @@ impl<V> Runtime<V> {
     /// The value of `t`, regenerating its storage if evicted; records a use.
     pub fn access(&mut self, t: TensorId) -> Result<&V> {
         let s = self.tensor(t)?.storage;
-        self.hold(&[s])?;
+        self.note(|rt| Event::Access(rt.ref_of(t)), &[s]);
+        let held = self.hold(&[s]);
+        self.track(held)?;
         self.graph.st_mut(s).last_used = self.graph.clock;
         self.unpin_storage(s, true);
         self.values[s.0 as usize]
@@ -706,7 +777,9 @@ impl<V> Runtime<V> {
     /// code outside the runtime).
     pub fn pin(&mut self, t: TensorId) -> Result<()> {
         let s = self.tensor(t)?.storage;
-        self.hold(&[s])?;
+        self.note(|rt| Event::Pin(rt.ref_of(t)), &[s]);
+        let held = self.hold(&[s]);
+        self.track(held)?;
         self.graph.st_mut(s).holds -= 1;
         Ok(())
     }
@@ -718,6 +791,7 @@ impl<V> Runtime<V> {
         if r.pins <= r.holds {
             return Err(Error::NotPinned(t));
         }
+        self.note(|rt| Event::Unpin(rt.ref_of(t)), &[]);
         self.unpin_storage(s, false);
         Ok(())
     }
@@ -725,6 +799,7 @@ impl<V> Runtime<V> {
     /// Evict `t`'s storage now if it can be (resident, recomputable, unpinned).
     pub fn evict(&mut self, t: TensorId) -> Result<bool> {
         let s = self.tensor(t)?.storage;
+        self.note(|rt| Event::Evict(rt.ref_of(t)), &[]);
         if self.graph.eligible(s) || {
             let r = self.graph.st(s);
             r.is_resident() && r.recomputable && r.pins == 0
@@ -742,10 +817,12 @@ impl<V> Runtime<V> {
     /// nothing needs any more.
     pub fn release(&mut self, t: TensorId) -> Result<()> {
         let rec = self.tensor(t)?;
+        self.note(|rt| Event::Release(rt.ref_of(t)), &[]);
         let tr = &mut self.tensors[t.index];
         tr.refs -= 1;
         let gone = tr.refs == 0;
         if gone {
+            self.on_tensor_gone(t);
             self.tensors.remove(t.index);
             self.generations[t.index as usize] = self.generations[t.index as usize].wrapping_add(1);
         }
@@ -967,10 +1044,12 @@ impl<V> Runtime<V> {
     /// every step.
     pub fn make_root(&mut self, t: TensorId) -> Result<bool> {
         let s = self.tensor(t)?.storage;
+        self.note(|rt| Event::MakeRoot(rt.ref_of(t)), &[]);
         let Some(op) = self.graph.st(s).producer else {
             return Ok(false);
         };
-        self.hold(&[s])?;
+        let held = self.hold(&[s]);
+        self.track(held)?;
         let r = self.graph.st_mut(s);
         r.holds -= 1;
         r.pins -= 1;
@@ -1096,6 +1175,7 @@ impl<V> Runtime<V> {
         };
         self.parked_evicted.push(s);
         self.stats.parked_evictions += 1;
+        self.log_eviction(s, true);
         self.evict_storage(s, false)?;
         Ok(true)
     }
@@ -1111,6 +1191,13 @@ impl<V> Runtime<V> {
         if r.is_resident() {
             self.take_hold(s);
             return Ok(());
+        }
+        if r.epoch < self.iter.epoch {
+            return Err(Error::StaleValue {
+                storage: s,
+                created_in: r.epoch,
+                current: self.iter.epoch,
+            });
         }
         let op = match r.producer {
             Some(op) if r.recomputable => op,
@@ -1137,7 +1224,7 @@ impl<V> Runtime<V> {
             }
         }
         // A stack: push the last to run first.
-        order.sort_by_key(|&(bytes, s)| (bytes, std::cmp::Reverse(s)));
+        order.sort_by_key(|&(bytes, s)| (bytes, std::cmp::Reverse(self.creation_key(s))));
         for (_, i) in order {
             self.frames.push(Frame::Need(i));
         }
@@ -1351,10 +1438,19 @@ impl<V> Runtime<V> {
 
     /// Place `bytes`, evicting while the memory model says there is no room.
     fn make_room(&mut self, bytes: u64) -> Result<Slot> {
+        if self.iter.following {
+            if let Some(slot) = self.planned_alloc(bytes)? {
+                self.iter.allocs += 1;
+                return Ok(slot);
+            }
+        }
         let mut first = true;
         loop {
             match self.memory.allocate(bytes) {
-                Ok(slot) => return Ok(slot),
+                Ok(slot) => {
+                    self.iter.allocs += 1;
+                    return Ok(slot);
+                }
                 Err(AllocFailure::Other(m)) => return Err(Error::Memory(m)),
                 Err(AllocFailure::NoRoom { free_bytes }) => {
                     if first {
@@ -1376,6 +1472,7 @@ impl<V> Runtime<V> {
                         free_bytes,
                     };
                     if !self.evict_some(req)? && !self.evict_parked()? {
+                        self.log_step(StepKind::Fail);
                         return Err(self.impossible(bytes));
                     }
                 }
@@ -1530,6 +1627,7 @@ impl<V> Runtime<V> {
         }
         for &s in &victims {
             if self.graph.st(s).cand_pos != NONE {
+                self.log_eviction(s, false);
                 self.evict_storage(s, false)?;
             }
         }

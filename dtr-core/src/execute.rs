@@ -1,0 +1,90 @@
+//! The plan executor's data: an [`IterationPlan`] (what the planner hands the
+//! runtime) and the [`Cursor`] that walks it while the next iteration runs.
+//!
+//! Following a plan, the runtime (see `Runtime::make_room`) does at allocation
+//! `n` of the iteration exactly what the plan's simulation did: evict the
+//! storages it evicted before that allocation (named by sequence number, see
+//! [`crate::record`]), then place the allocation at its planned offset. Every
+//! public call is first compared with the recorded program
+//! ([`crate::record::Event::same_program`]); the first mismatch, a planned victim
+//! that is not evictable, or a planned range that is not free ends the plan for
+//! the rest of the iteration (a *divergence*): the runtime goes on online, with
+//! the configured policy, in the same memory.
+
+use crate::record::{Boundary, Event};
+
+/// A schedule for one iteration, chosen offline (see [`crate::planner`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationPlan {
+    /// The state the iteration must start from.
+    pub start: Boundary,
+    /// The program the iteration must repeat.
+    pub events: Vec<Event>,
+    /// What the simulation did before each allocation, in order.
+    pub steps: Vec<PlanStep>,
+    /// Offsets of the allocations: first one per storage of [`Boundary::storages`],
+    /// then one per allocation of the iteration, in order.
+    pub offsets: Vec<u64>,
+    /// Rounded sizes of the same allocations (see [`crate::arena::arena_size`]).
+    pub sizes: Vec<u64>,
+    /// Bytes of the arena that holds every allocation of the plan (≤ budget).
+    pub arena_bytes: u64,
+    /// The logical budget the simulation ran under (≤ budget: shrunk until the
+    /// placement fits).
+    pub simulated_budget: u64,
+    /// The portfolio entry that won.
+    pub policy: &'static str,
+    /// Simulated first computations plus rematerializations (ns).
+    pub total_ns: f64,
+    /// Simulated first computations (ns).
+    pub compute_ns: f64,
+    /// Wall time spent planning (ms).
+    pub plan_ms: f64,
+    /// Simulations run.
+    pub simulations: u32,
+}
+
+impl IterationPlan {
+    /// Simulated overhead: total compute over first computations.
+    pub fn overhead(&self) -> f64 {
+        if self.compute_ns > 0.0 {
+            self.total_ns / self.compute_ns
+        } else {
+            1.0
+        }
+    }
+
+    /// Allocations placed before the iteration starts (the boundary's storages).
+    pub fn prefix_len(&self) -> usize {
+        self.start.storages.len()
+    }
+}
+
+/// One step the simulation took while making room for allocation `at` of the
+/// iteration (counting placed allocations only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanStep {
+    /// The allocation it made room for.
+    pub at: u32,
+    /// What it did.
+    pub kind: StepKind,
+}
+
+/// See [`PlanStep`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// Evict the candidate with this sequence number.
+    Evict(u32),
+    /// Evict this finished input of a pending regeneration (a parked storage).
+    EvictParked(u32),
+    /// The allocation failed as impossible: a regeneration then retries in
+    /// another order. The executor fails it too, so both take the same path.
+    Fail,
+}
+
+/// Where a running iteration is in its plan.
+#[derive(Debug, Default)]
+pub(crate) struct Cursor {
+    /// Next entry of [`IterationPlan::steps`].
+    pub next_step: usize,
+}

@@ -1,0 +1,432 @@
+//! The offline planner: replay a recorded iteration under the budget, knowing its
+//! future, and place every allocation of the best schedule in one arena.
+//!
+//! Training repeats its iteration, so the recording of iteration k is the exact
+//! future of iteration k+1 (until a divergence says otherwise). The planner
+//! replays the [`Recording`] on a value-free `Runtime<()>` — the same runtime
+//! code as the online path, so the same calls number storages and allocations
+//! identically — once per portfolio entry:
+//!
+//! | entry | prices a candidate by |
+//! |---|---|
+//! | `learned:next-use` | e* / (bytes · time to its next direct read in the recording) |
+//! | `learned:dead` | remat's score, with storages the recording never reads again free |
+//! | `remat` | remat's default policy (no future) |
+//! | `dtr-full` | h_DTR, full scan (no future) |
+//!
+//! Each simulation runs under a *logical* budget B' and logs its allocations
+//! (with lifetimes) and its policy evictions (with the allocation they made room
+//! for). The allocations, rematerialized copies included, go to the static
+//! planner ([`remat_alloc::plan`]); when its arena exceeds the budget, B' shrinks
+//! by the excess and the entry is simulated again. The cheapest entry whose
+//! arena fits the budget becomes the [`IterationPlan`]; the runtime adopts it
+//! only when it costs no more than the recorded iteration did.
+//!
+//! Why it works: DTR's heuristics guess the future from the past (staleness); a
+//! repeated iteration *is* its own past, so the future-knowing prices (Belady's
+//! next use with recompute costs, free evictions of storages never read again)
+//! become legitimate online. Fragmentation goes because nothing is placed at
+//! run time: the placement is computed for the whole iteration at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ahash::AHashMap;
+use remat_alloc::plan::{plan as place, Algorithm, Request as PlanRequest};
+
+use crate::arena::{arena_size, ARENA_ALIGN};
+use crate::config::{BudgetMode, DtrConfig, PolicyKind};
+use crate::error::{Error, OpError, Result};
+use crate::execute::{IterationPlan, PlanStep};
+use crate::ids::TensorId;
+use crate::memory::{AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, Slot};
+use crate::op::{OpHandle, OutputSpec};
+use crate::policy::{make_policy, EvictionPolicy};
+use crate::record::{Event, Recording, Ref};
+use crate::replay::oracle::{self, Future, OracleKind};
+use crate::runtime::Runtime;
+
+/// Shrinks of the simulated budget tried per portfolio entry.
+const SHRINK_ATTEMPTS: usize = 4;
+
+/// Above this many allocations only the O(n log n) placement runs (the greedy
+/// one is O(n²)).
+const GREEDY_MAX_REQUESTS: usize = 20_000;
+
+/// One portfolio entry.
+#[derive(Debug, Clone, Copy)]
+enum Entry {
+    Learned(OracleKind),
+    Online(PolicyKind, bool),
+}
+
+const PORTFOLIO: [(&str, Entry); 4] = [
+    ("learned:next-use", Entry::Learned(OracleKind::NextUse)),
+    ("learned:dead", Entry::Learned(OracleKind::Dead)),
+    ("remat", Entry::Online(PolicyKind::Remat, true)),
+    ("dtr-full", Entry::Online(PolicyKind::Dtr, false)),
+];
+
+/// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is what
+/// the recorded iteration cost (first computations plus rematerializations): a
+/// plan must not cost more. `Ok(None)`: no entry fits, or none is cheaper.
+pub(crate) fn plan_iteration(
+    rec: &Recording,
+    config: &DtrConfig,
+    measured_ns: f64,
+) -> Result<Option<IterationPlan>> {
+    let Some(budget) = config.budget else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    let future = Arc::new(future_of(rec));
+    let physical = config.budget_mode == BudgetMode::Physical;
+    let mut best: Option<IterationPlan> = None;
+    let mut simulations = 0u32;
+    for (name, entry) in PORTFOLIO {
+        let mut b = budget;
+        for _ in 0..SHRINK_ATTEMPTS {
+            let limit = best
+                .as_ref()
+                .map_or(measured_ns, |p| p.total_ns.min(measured_ns));
+            simulations += 1;
+            let Some(sim) = simulate(rec, config, entry, b, limit, &future)? else {
+                break;
+            };
+            let (offsets, arena) = if physical {
+                placement(&sim.requests)
+            } else {
+                let live = remat_alloc::plan::max_live_bytes(&sim.requests);
+                (vec![0; sim.requests.len()], live)
+            };
+            tracing::debug!(target: "remat_dtr::plan", entry = name, simulated_budget = b, total_ns = sim.total_ns, arena, "simulated");
+            if physical && arena > budget {
+                let excess = arena - budget + ARENA_ALIGN;
+                if excess >= b {
+                    break;
+                }
+                b -= excess;
+                continue;
+            }
+            if best.as_ref().is_none_or(|p| sim.total_ns < p.total_ns) {
+                best = Some(IterationPlan {
+                    start: rec.start.clone(),
+                    events: rec.events.clone(),
+                    steps: sim.steps,
+                    offsets,
+                    sizes: sim.requests.iter().map(|r| r.size).collect(),
+                    arena_bytes: arena,
+                    simulated_budget: b,
+                    policy: name,
+                    total_ns: sim.total_ns,
+                    compute_ns: rec.compute_ns() as f64,
+                    plan_ms: 0.0,
+                    simulations: 0,
+                });
+            }
+            break;
+        }
+    }
+    let plan_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(best
+        .filter(|p| p.total_ns <= measured_ns * (1.0 + 1e-9))
+        .map(|p| IterationPlan {
+            plan_ms,
+            simulations,
+            ..p
+        }))
+}
+
+/// The recording's reads by storage sequence number and the first-computation
+/// clock before each event.
+fn future_of(rec: &Recording) -> Future {
+    let n = rec
+        .reads
+        .iter()
+        .flatten()
+        .map(|&s| s as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut reads = vec![Vec::new(); n];
+    for (i, seqs) in rec.reads.iter().enumerate() {
+        for &s in seqs {
+            let r: &mut Vec<u32> = &mut reads[s as usize];
+            if r.last() != Some(&(i as u32)) {
+                r.push(i as u32);
+            }
+        }
+    }
+    let mut clock_at = Vec::with_capacity(rec.events.len() + 1);
+    let mut clock = 0.0;
+    for e in &rec.events {
+        clock_at.push(clock);
+        clock += e.cost_ns() as f64;
+    }
+    clock_at.push(clock);
+    Future::new(reads, clock_at)
+}
+
+/// The smallest arena of the static planner's algorithms: offsets and bytes.
+fn placement(requests: &[PlanRequest]) -> (Vec<u64>, u64) {
+    let mut best: Option<(Vec<u64>, u64)> = None;
+    let algos: &[Algorithm] = if requests.len() <= GREEDY_MAX_REQUESTS {
+        &[Algorithm::SeedSim, Algorithm::GreedyBySize]
+    } else {
+        &[Algorithm::SeedSim]
+    };
+    for &a in algos {
+        if let Ok(p) = place(requests, a) {
+            if best.as_ref().is_none_or(|b| p.arena_bytes < b.1) {
+                best = Some((p.offsets, p.arena_bytes));
+            }
+        }
+    }
+    best.unwrap_or((Vec::new(), u64::MAX))
+}
+
+/// What one simulation produced.
+struct Simulation {
+    total_ns: f64,
+    steps: Vec<PlanStep>,
+    requests: Vec<PlanRequest>,
+}
+
+/// Allocations of a simulation, with lifetimes in allocation/free steps.
+#[derive(Default)]
+struct AllocLog {
+    step: usize,
+    open: AHashMap<u64, usize>,
+    requests: Vec<PlanRequest>,
+}
+
+/// A logical budget that logs every allocation's lifetime.
+struct LoggedBudget {
+    inner: LogicalBudget,
+    log: Arc<Mutex<AllocLog>>,
+}
+
+impl LoggedBudget {
+    fn log(&self) -> std::sync::MutexGuard<'_, AllocLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl MemoryModel for LoggedBudget {
+    fn name(&self) -> &'static str {
+        "logical"
+    }
+    fn allocate(&mut self, bytes: u64) -> std::result::Result<Slot, AllocFailure> {
+        let slot = self.inner.allocate(bytes)?;
+        let mut log = self.log();
+        let i = log.requests.len();
+        let step = log.step;
+        log.requests
+            .push(PlanRequest::new(arena_size(bytes), step, usize::MAX));
+        log.open.insert(slot.key, i);
+        log.step += 1;
+        Ok(slot)
+    }
+    fn free(&mut self, slot: Slot) -> std::result::Result<(), String> {
+        let key = slot.key;
+        self.inner.free(slot)?;
+        let mut log = self.log();
+        if let Some(i) = log.open.remove(&key) {
+            log.requests[i].end = log.step;
+            log.step += 1;
+        }
+        Ok(())
+    }
+    fn adjacent_free(&self, _slot: &Slot) -> (u64, u64) {
+        (0, 0)
+    }
+    fn has_addresses(&self) -> bool {
+        false
+    }
+    fn blocks(&self, _out: &mut Vec<BlockView>) {}
+    fn usage(&self) -> MemoryUsage {
+        self.inner.usage()
+    }
+    fn capacity(&self) -> Option<u64> {
+        self.inner.capacity()
+    }
+}
+
+/// A value-free op with `fresh` outputs.
+struct SimOp {
+    fresh: usize,
+    recomputable: bool,
+}
+
+impl OpHandle<()> for SimOp {
+    fn name(&self) -> &str {
+        "planned-op"
+    }
+    fn compute(&self, _inputs: &[&()]) -> std::result::Result<Vec<()>, OpError> {
+        Ok(vec![(); self.fresh])
+    }
+    fn recomputable(&self) -> bool {
+        self.recomputable
+    }
+}
+
+/// Replay `rec` under a logical budget of `budget` with the entry's policy.
+/// `Ok(None)`: infeasible (an impossible budget, or past `limit_ns`).
+fn simulate(
+    rec: &Recording,
+    config: &DtrConfig,
+    entry: Entry,
+    budget: u64,
+    limit_ns: f64,
+    future: &Arc<Future>,
+) -> Result<Option<Simulation>> {
+    let (kind, sampling) = match entry {
+        Entry::Online(kind, sampling) => (kind, sampling),
+        Entry::Learned(_) => (config.policy, false),
+    };
+    let sim_config = config
+        .clone()
+        .with_budget(budget)
+        .with_budget_mode(BudgetMode::Logical)
+        .with_policy(kind)
+        .with_sampling(sampling)
+        .with_threshold(None)
+        .with_plan_ahead(false);
+    let policy: Box<dyn EvictionPolicy> = match entry {
+        Entry::Learned(k) => Box::new(oracle::learned(k, future.clone())),
+        Entry::Online(k, _) => make_policy(k, &sim_config),
+    };
+    let log = Arc::new(Mutex::new(AllocLog::default()));
+    let memory = LoggedBudget {
+        inner: LogicalBudget::new(Some(budget)),
+        log: log.clone(),
+    };
+    let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
+    match run(&mut rt, rec, limit_ns) {
+        Ok(()) => {}
+        Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok(None),
+        Err(e) => {
+            tracing::debug!(target: "remat_dtr::plan", error = %e, "a simulation failed");
+            return Ok(None);
+        }
+    }
+    let total_ns = rt.stats().total_compute_ns();
+    let steps = rt.take_plan_log();
+    drop(rt);
+    let mut log = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
+    let end = log.step + 1;
+    for r in &mut log.requests {
+        if r.end == usize::MAX {
+            r.end = end;
+        }
+    }
+    Ok(Some(Simulation {
+        total_ns,
+        steps,
+        requests: log.requests,
+    }))
+}
+
+/// Drive `rt` through the boundary state and the recorded events.
+fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
+    let view: Arc<dyn OpHandle<()>> = Arc::new(SimOp {
+        fresh: 0,
+        recomputable: true,
+    });
+    // One put per resident storage; its first tensor takes the put's handle,
+    // further tensors on it are views.
+    let mut on_storage = Vec::with_capacity(rec.start.storages.len());
+    for &bytes in &rec.start.storages {
+        on_storage.push((rt.put((), bytes)?, false));
+    }
+    let mut prefix: Vec<Option<TensorId>> = Vec::with_capacity(rec.start.tensors.len());
+    for &(pos, refs) in &rec.start.tensors {
+        let Some((base, taken)) = pos.and_then(|k| on_storage.get_mut(k as usize)) else {
+            prefix.push(None);
+            continue;
+        };
+        let t = if *taken {
+            let base = *base;
+            rt.apply(view.clone(), &[base], &[OutputSpec::view(0)], 0)?[0]
+        } else {
+            *taken = true;
+            *base
+        };
+        for _ in 1..refs {
+            rt.retain(t)?;
+        }
+        prefix.push(Some(t));
+    }
+    rt.restart_numbering(true);
+    rt.set_compute_limit(Some(limit_ns * (1.0 + 1e-9)));
+    let mut news: Vec<TensorId> = Vec::new();
+    let mut ops: AHashMap<(usize, bool), Arc<dyn OpHandle<()>>> = AHashMap::new();
+    let mut op = |fresh: usize, recomputable: bool| {
+        ops.entry((fresh, recomputable))
+            .or_insert_with(|| {
+                Arc::new(SimOp {
+                    fresh,
+                    recomputable,
+                })
+            })
+            .clone()
+    };
+    let missing = || Error::Internal("the recording names a tensor it never made".into());
+    for ev in &rec.events {
+        let get = |r: &Ref| -> Result<TensorId> {
+            match *r {
+                Ref::Prefix(k) => prefix.get(k as usize).copied().flatten(),
+                Ref::New(n) => news.get(n as usize).copied(),
+            }
+            .ok_or_else(missing)
+        };
+        match ev {
+            Event::Put { bytes } => news.push(rt.put((), *bytes)?),
+            Event::Apply {
+                inputs,
+                outputs,
+                recomputable,
+                cost_ns,
+                ..
+            } => {
+                let ins = inputs.iter().map(get).collect::<Result<Vec<_>>>()?;
+                let fresh = outputs
+                    .iter()
+                    .filter(|o| matches!(o, OutputSpec::Fresh { .. }))
+                    .count();
+                let outs = rt.apply(op(fresh, *recomputable), &ins, outputs, *cost_ns)?;
+                news.extend(outs);
+            }
+            Event::Mutate {
+                inputs,
+                mutated,
+                recomputable,
+                cost_ns,
+                ..
+            } => {
+                let ins = inputs.iter().map(get).collect::<Result<Vec<_>>>()?;
+                let mut targets = Vec::new();
+                for &k in mutated {
+                    let s = rt.storage_of(*ins.get(k).ok_or_else(missing)?)?;
+                    if !targets.contains(&s) {
+                        targets.push(s);
+                    }
+                }
+                rt.mutate(op(targets.len(), *recomputable), &ins, mutated, *cost_ns)?;
+            }
+            Event::Access(r) => {
+                rt.access(get(r)?)?;
+            }
+            Event::Pin(r) => rt.pin(get(r)?)?,
+            Event::Unpin(r) => rt.unpin(get(r)?)?,
+            Event::Retain(r) => rt.retain(get(r)?)?,
+            Event::Release(r) => rt.release(get(r)?)?,
+            Event::Evict(r) => {
+                rt.evict(get(r)?)?;
+            }
+            Event::MakeRoot(r) => {
+                rt.make_root(get(r)?)?;
+            }
+        }
+    }
+    Ok(())
+}

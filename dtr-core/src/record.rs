@@ -1,0 +1,205 @@
+//! The recorder: what one training iteration did, framework-agnostically.
+//!
+//! Between two [`crate::Runtime::end_iteration`] calls the runtime appends one
+//! [`Event`] per public call (put, apply/record, mutate, access, pin, unpin,
+//! retain, release, evict, make_root). Tensors are named by [`Ref`]: the tensors
+//! alive at the iteration's start by their position in the [`Boundary`], the ones
+//! made during the iteration by creation order. Storages made during the iteration
+//! carry a *sequence number* (creation order, mutate versions included), so the
+//! same op sequence under the same decisions numbers them identically; that is
+//! how a plan names what to evict.
+//!
+//! A [`Recording`] is all the planner needs to replay the iteration offline (its
+//! ops, sizes, views, costs, releases and reads), and all the executor needs to
+//! check that the next iteration is the same program (its [`Event`]s without the
+//! costs).
+
+use crate::op::OutputSpec;
+
+/// A tensor as an iteration names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ref {
+    /// The `k`-th live tensor at the iteration's start (see [`Boundary::tensors`]).
+    Prefix(u32),
+    /// The `n`-th tensor created during the iteration.
+    New(u32),
+}
+
+/// One public runtime call of an iteration. Equality ignores nothing: the
+/// executor compares [`Event::same_program`] instead, which ignores costs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// External data of `bytes` bytes (creates one tensor).
+    Put {
+        /// Bytes.
+        bytes: u64,
+    },
+    /// An op through `apply` or `record` (creates one tensor per output).
+    Apply {
+        /// The op handle's name.
+        name: String,
+        /// Inputs in argument order.
+        inputs: Vec<Ref>,
+        /// Fresh outputs and views.
+        outputs: Vec<OutputSpec>,
+        /// Whether the op may be replayed.
+        recomputable: bool,
+        /// Measured (or given) cost in ns.
+        cost_ns: u64,
+    },
+    /// An in-place op.
+    Mutate {
+        /// The op handle's name.
+        name: String,
+        /// Inputs in argument order.
+        inputs: Vec<Ref>,
+        /// Positions of the mutated inputs.
+        mutated: Vec<usize>,
+        /// Whether the op may be replayed.
+        recomputable: bool,
+        /// Cost in ns.
+        cost_ns: u64,
+    },
+    /// A read of the tensor's value.
+    Access(Ref),
+    /// A pin (kept resident until the matching unpin).
+    Pin(Ref),
+    /// An unpin.
+    Unpin(Ref),
+    /// One more handle on the tensor.
+    Retain(Ref),
+    /// One handle dropped.
+    Release(Ref),
+    /// An explicit eviction request.
+    Evict(Ref),
+    /// The tensor's storage was cut from its history.
+    MakeRoot(Ref),
+}
+
+impl Event {
+    /// Whether `self` and `other` are the same call on the same tensors with the
+    /// same shapes (costs are measured and may differ).
+    pub fn same_program(&self, other: &Event) -> bool {
+        match (self, other) {
+            (
+                Event::Apply {
+                    name: a,
+                    inputs: ai,
+                    outputs: ao,
+                    recomputable: ar,
+                    ..
+                },
+                Event::Apply {
+                    name: b,
+                    inputs: bi,
+                    outputs: bo,
+                    recomputable: br,
+                    ..
+                },
+            ) => a == b && ai == bi && ao == bo && ar == br,
+            (
+                Event::Mutate {
+                    name: a,
+                    inputs: ai,
+                    mutated: am,
+                    recomputable: ar,
+                    ..
+                },
+                Event::Mutate {
+                    name: b,
+                    inputs: bi,
+                    mutated: bm,
+                    recomputable: br,
+                    ..
+                },
+            ) => a == b && ai == bi && am == bm && ar == br,
+            _ => self == other,
+        }
+    }
+
+    /// Cost of the event's first computation (0 for non-ops).
+    pub fn cost_ns(&self) -> u64 {
+        match self {
+            Event::Apply { cost_ns, .. } | Event::Mutate { cost_ns, .. } => *cost_ns,
+            _ => 0,
+        }
+    }
+}
+
+/// The live state at an iteration boundary, as sizes only: what the next
+/// iteration starts with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Boundary {
+    /// Bytes of each resident storage, in storage-index order.
+    pub storages: Vec<u64>,
+    /// Each live tensor (tensor-index order): the position of its storage in
+    /// [`Boundary::storages`] (`None`: its storage is not resident) and its
+    /// handle count.
+    pub tensors: Vec<(Option<u32>, u32)>,
+}
+
+impl Boundary {
+    /// Bytes resident at the boundary.
+    pub fn resident_bytes(&self) -> u64 {
+        self.storages.iter().sum()
+    }
+}
+
+/// One recorded iteration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recording {
+    /// The state the iteration started from.
+    pub start: Boundary,
+    /// The calls, in order.
+    pub events: Vec<Event>,
+    /// For each event, the sequence numbers of the storages it reads directly
+    /// (op inputs, accessed and pinned tensors); storages that predate the
+    /// iteration have none and are not listed.
+    pub reads: Vec<Vec<u32>>,
+    /// Storages created during the iteration.
+    pub storages_created: u32,
+}
+
+impl Recording {
+    /// Σ of the events' first-computation costs (ns).
+    pub fn compute_ns(&self) -> u64 {
+        self.events.iter().map(Event::cost_ns).sum()
+    }
+
+    /// Ops (applies and mutates) in the recording.
+    pub fn op_count(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e, Event::Apply { .. } | Event::Mutate { .. }))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_program_ignores_costs_only() {
+        let a = Event::Apply {
+            name: "mm".into(),
+            inputs: vec![Ref::Prefix(0), Ref::New(1)],
+            outputs: vec![OutputSpec::fresh(64)],
+            recomputable: true,
+            cost_ns: 10,
+        };
+        let mut b = a.clone();
+        if let Event::Apply { cost_ns, .. } = &mut b {
+            *cost_ns = 99;
+        }
+        assert!(a.same_program(&b));
+        let mut c = a.clone();
+        if let Event::Apply { outputs, .. } = &mut c {
+            outputs[0] = OutputSpec::fresh(128);
+        }
+        assert!(!a.same_program(&c));
+        assert!(!a.same_program(&Event::Access(Ref::New(1))));
+        assert!(Event::Release(Ref::New(2)).same_program(&Event::Release(Ref::New(2))));
+        assert!(!Event::Release(Ref::New(2)).same_program(&Event::Release(Ref::Prefix(2))));
+    }
+}

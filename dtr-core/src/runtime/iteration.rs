@@ -1,0 +1,445 @@
+//! Iterations: the runtime's side of plan-ahead DTR.
+//!
+//! - **Record.** Every public call is noted ([`Runtime::note`]) as an
+//!   [`Event`] of the current [`Recording`], with the sequence numbers of the
+//!   storages it reads.
+//! - **Boundary.** [`Runtime::end_iteration`] freezes what the iteration left
+//!   resident (never evicted again), makes what it left evicted stale (reading it
+//!   is [`Error::StaleValue`]), and hands the recording to the planner
+//!   ([`crate::planner`]) when the next iteration starts from the same state.
+//! - **Execute.** A plan that beats the recorded iteration is followed: at each
+//!   allocation [`Runtime::planned_alloc`] evicts what the plan evicted there and
+//!   places the allocation at its planned offset in one [`ArenaMemory`]. The
+//!   first call that differs from the recorded program, or a plan step that cannot
+//!   be taken, is a divergence: the rest of the iteration runs online.
+//!
+//! The online and planned paths share the same records: the recorder runs in
+//! both, so an iteration that diverged is recorded as it really ran and planned
+//! again at the next boundary.
+
+use std::sync::Arc;
+
+use ahash::AHashMap;
+
+use super::Runtime;
+use crate::arena::{arena_size, ArenaMemory};
+use crate::error::{Error, Result};
+use crate::execute::{Cursor, IterationPlan, PlanStep, StepKind};
+use crate::graph::NONE;
+use crate::ids::{StorageId, TensorId};
+use crate::memory::{MemoryModel, Slot};
+use crate::record::{Boundary, Event, Recording, Ref};
+use crate::stats::{IterationReport, RuntimeStats};
+
+/// Events one recording may hold; a longer iteration is not recorded (and not
+/// planned) rather than grow without bound when `end_iteration` is never called.
+const MAX_EVENTS: usize = 1 << 23;
+
+/// The iteration counters and the recorder/executor state of a runtime.
+#[derive(Default)]
+pub(crate) struct IterationState {
+    /// Iterations ended so far (the current iteration's number).
+    pub epoch: u32,
+    /// Storages created this iteration, by sequence number.
+    pub seq_storages: Vec<StorageId>,
+    /// Allocations placed this iteration.
+    pub allocs: u32,
+    /// Public calls made this iteration.
+    pub pos: u32,
+    /// Plan ahead at boundaries (budget set, no threshold, `plan_ahead` on).
+    pub enabled: bool,
+    /// The current iteration's recording (`None`: not recording).
+    pub recording: Option<Recording>,
+    /// Names of the live tensors, while recording or following a plan.
+    pub refs: AHashMap<TensorId, Ref>,
+    /// Tensors created this iteration.
+    pub new_tensors: u32,
+    /// A call failed this iteration: its recording is not a program to repeat.
+    pub broken: bool,
+    /// The plan of this iteration.
+    pub plan: Option<Arc<IterationPlan>>,
+    /// Still following `plan` (no divergence yet).
+    pub following: bool,
+    pub cursor: Cursor,
+    /// Simulations log their policy evictions and failed allocations here to
+    /// become a plan.
+    pub plan_log: Option<Vec<PlanStep>>,
+    /// Counters at the iteration's start.
+    pub start_stats: RuntimeStats,
+    /// Divergences this iteration.
+    pub divergences: u32,
+    /// Order regeneration inputs by creation, not slab index (while following
+    /// a plan, and in simulations that make one).
+    pub stable_order: bool,
+}
+
+impl<V> Runtime<V> {
+    pub(super) fn with_recording(mut self) -> Self {
+        self.iter.enabled = self.config.plan_ahead
+            && self.config.budget.is_some()
+            && self.config.threshold.is_none();
+        if self.iter.enabled {
+            self.iter.recording = Some(Recording::default());
+        }
+        self
+    }
+
+    fn tracking(&self) -> bool {
+        self.iter.recording.is_some() || self.iter.following
+    }
+
+    /// The recording's name for `t`.
+    pub(super) fn ref_of(&self, t: TensorId) -> Ref {
+        // Every live tensor is named while tracking; `Prefix(MAX)` never matches.
+        self.iter
+            .refs
+            .get(&t)
+            .copied()
+            .unwrap_or(Ref::Prefix(u32::MAX))
+    }
+
+    /// A public call starts: record it and check it against the plan. `reads`
+    /// are the storages it reads directly.
+    pub(super) fn note(&mut self, make: impl FnOnce(&Self) -> Event, reads: &[StorageId]) {
+        self.graph.pos = self.iter.pos;
+        self.iter.pos += 1;
+        if !self.tracking() {
+            return;
+        }
+        let ev = make(self);
+        if self.iter.following {
+            let pos = self.graph.pos as usize;
+            let same = self
+                .iter
+                .plan
+                .as_ref()
+                .and_then(|p| p.events.get(pos))
+                .is_some_and(|e| e.same_program(&ev));
+            if !same {
+                self.diverge("the call differs from the recorded iteration");
+            }
+        }
+        let epoch = self.iter.epoch;
+        let seqs: Vec<u32> = reads
+            .iter()
+            .filter_map(|&s| self.graph.storages.get(s.0))
+            .filter(|r| r.epoch == epoch && r.seq != NONE)
+            .map(|r| r.seq)
+            .collect();
+        if let Some(rec) = &mut self.iter.recording {
+            if rec.events.len() >= MAX_EVENTS {
+                self.iter.recording = None;
+            } else {
+                rec.events.push(ev);
+                rec.reads.push(seqs);
+            }
+        }
+    }
+
+    /// Mark the iteration's recording unusable when a public call failed.
+    pub(super) fn track<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.iter.broken = true;
+        }
+        r
+    }
+
+    pub(super) fn on_new_tensor(&mut self, t: TensorId) {
+        if self.tracking() {
+            self.iter.refs.insert(t, Ref::New(self.iter.new_tensors));
+            self.iter.new_tensors += 1;
+        }
+    }
+
+    pub(super) fn on_tensor_gone(&mut self, t: TensorId) {
+        if !self.iter.refs.is_empty() {
+            self.iter.refs.remove(&t);
+        }
+    }
+
+    /// Log a policy eviction of `s` (simulations that become plans).
+    pub(super) fn log_eviction(&mut self, s: StorageId, parked: bool) {
+        if self.iter.plan_log.is_some() {
+            let seq = self.graph.st(s).seq;
+            let kind = if parked {
+                StepKind::EvictParked(seq)
+            } else {
+                StepKind::Evict(seq)
+            };
+            self.log_step(kind);
+        }
+    }
+
+    /// Log an allocation that failed as impossible (simulations).
+    pub(super) fn log_step(&mut self, kind: StepKind) {
+        let at = self.iter.allocs;
+        if let Some(log) = &mut self.iter.plan_log {
+            log.push(PlanStep { at, kind });
+        }
+    }
+
+    fn diverge(&mut self, why: &str) {
+        if self.iter.following {
+            self.iter.following = false;
+            self.iter.stable_order = false;
+            self.iter.divergences += 1;
+            self.stats.divergences += 1;
+            tracing::debug!(target: "remat_dtr::plan", call = self.graph.pos, allocation = self.iter.allocs, why, "left the plan");
+        }
+    }
+
+    /// Following a plan: take its evictions for the next allocation and place
+    /// `bytes` at its planned offset. `None` after a divergence (the caller
+    /// allocates online).
+    pub(super) fn planned_alloc(&mut self, bytes: u64) -> Result<Option<Slot>> {
+        let Some(plan) = self.iter.plan.clone() else {
+            return Ok(None);
+        };
+        let n = self.iter.allocs;
+        while let Some(&step) = plan.steps.get(self.iter.cursor.next_step) {
+            if step.at > n {
+                break;
+            }
+            self.iter.cursor.next_step += 1;
+            if step.at < n {
+                self.diverge("a planned step was skipped");
+                return Ok(None);
+            }
+            let (seq, parked) = match step.kind {
+                StepKind::Evict(seq) => (seq, false),
+                StepKind::EvictParked(seq) => (seq, true),
+                // The simulation found this allocation impossible here and its
+                // regeneration retried: fail it the same way.
+                StepKind::Fail => return Err(self.impossible(bytes)),
+            };
+            let s = self.iter.seq_storages.get(seq as usize).copied();
+            let ok = s.is_some_and(|s| {
+                self.graph.storages.get(s.0).is_some_and(|r| {
+                    if parked {
+                        r.is_resident() && r.recomputable && r.holds > 0 && r.pins == r.holds
+                    } else {
+                        r.cand_pos != NONE
+                    }
+                })
+            });
+            let Some(s) = s.filter(|_| ok) else {
+                self.diverge("a planned victim is not evictable");
+                return Ok(None);
+            };
+            if parked {
+                self.parked_evicted.push(s);
+                self.stats.parked_evictions += 1;
+            }
+            self.evict_storage(s, false)?;
+            self.stats.planned_evictions += 1;
+        }
+        let idx = plan.prefix_len() + n as usize;
+        if plan.sizes.get(idx) != Some(&arena_size(bytes)) {
+            self.diverge("an allocation differs from the plan");
+            return Ok(None);
+        }
+        match self.memory.allocate_at(bytes, plan.offsets[idx]) {
+            Ok(slot) => Ok(Some(slot)),
+            Err(_) => {
+                self.diverge("the planned range is not free");
+                Ok(None)
+            }
+        }
+    }
+
+    /// The live state as sizes, and the resident storages in the same order.
+    ///
+    /// Canonical order, stable while the same tensors live on (their storages may
+    /// change with in-place updates): live tensors by tensor index; resident
+    /// storages by their first tensor in that order, then the storages no tensor
+    /// names (released but still read), by size.
+    fn boundary(&self) -> (Boundary, Vec<StorageId>) {
+        let mut position: AHashMap<u32, u32> = AHashMap::new();
+        let mut order = Vec::new();
+        let mut tensors = Vec::new();
+        for (_, t) in self.tensors.iter() {
+            let s = t.storage;
+            let pos = if self.graph.st(s).is_resident() {
+                Some(*position.entry(s.0).or_insert_with(|| {
+                    order.push(s);
+                    order.len() as u32 - 1
+                }))
+            } else {
+                None
+            };
+            tensors.push((pos, t.refs));
+        }
+        let mut unnamed: Vec<(u64, u32)> = self
+            .graph
+            .storages
+            .iter()
+            .filter(|(i, r)| r.is_resident() && !position.contains_key(i))
+            .map(|(i, r)| (r.bytes, i))
+            .collect();
+        unnamed.sort_unstable();
+        order.extend(unnamed.into_iter().map(|(_, i)| StorageId(i)));
+        let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
+        (Boundary { storages, tensors }, order)
+    }
+
+    /// End the current training iteration (call it after the optimizer step).
+    ///
+    /// - Storages the iteration left **resident** stay readable: they are never
+    ///   evicted again.
+    /// - Storages it left **evicted** are stale: their inputs (the weights) may
+    ///   have changed, so reading one is [`Error::StaleValue`], never a silent
+    ///   recompute from updated inputs.
+    /// - With a budget (and `plan_ahead` on, the default), the recorded iteration
+    ///   is planned: when the next iteration starts from the same state, remat
+    ///   simulates the recording under the budget with a portfolio of policies
+    ///   that know its future, places every allocation of the best schedule in
+    ///   one arena no larger than the budget, and follows that plan while the
+    ///   next iteration repeats the recorded one.
+    ///
+    /// Returns the figures of the iteration that ended.
+    pub fn end_iteration(&mut self) -> Result<IterationReport> {
+        let delta = |now: f64, then: f64| (now - then).max(0.0);
+        let s0 = &self.iter.start_stats;
+        let mut report = IterationReport {
+            index: self.iter.epoch,
+            planned: self.iter.plan.is_some(),
+            divergences: self.iter.divergences,
+            compute_ns: delta(self.stats.compute_ns, s0.compute_ns),
+            remat_ns: delta(self.stats.remat_ns, s0.remat_ns),
+            evictions: self.stats.evictions - s0.evictions,
+            rematerializations: self.stats.rematerializations - s0.rematerializations,
+            arena_bytes: self.iter.plan.as_ref().map(|p| p.arena_bytes),
+            next_plan: None,
+        };
+        // Freeze what stays resident; what is evicted becomes stale (epoch).
+        let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
+        for i in ids {
+            let s = StorageId(i);
+            if self.graph.st(s).is_resident() && self.graph.st(s).recomputable {
+                self.graph.withdraw(s);
+                self.graph.st_mut(s).recomputable = false;
+            }
+        }
+        self.iter.epoch += 1;
+        let (boundary, residents) = self.boundary();
+        let recorded = self.iter.recording.take();
+        let previous = self.iter.plan.take();
+        let mut next = None;
+        if let Some(rec) = recorded.filter(|r| {
+            self.iter.enabled && !self.iter.broken && r.start == boundary && !r.events.is_empty()
+        }) {
+            let clean = self.iter.divergences == 0;
+            next = match previous {
+                // The iteration repeated its plan exactly: the plan stands.
+                Some(p) if clean && p.start == boundary && p.events.len() == rec.events.len() => {
+                    Some(p)
+                }
+                _ => {
+                    let measured = report.compute_ns + report.remat_ns;
+                    crate::planner::plan_iteration(&rec, &self.config, measured)?.map(Arc::new)
+                }
+            };
+        }
+        report.next_plan = next.as_deref().map(Into::into);
+        if let Some(plan) = &next {
+            self.adopt(plan, &residents)?;
+        }
+        self.iter.following = next.is_some();
+        self.iter.stable_order = next.is_some();
+        self.iter.plan = next;
+        self.iter.cursor = Cursor::default();
+        self.iter.seq_storages.clear();
+        self.iter.allocs = 0;
+        self.iter.pos = 0;
+        self.iter.new_tensors = 0;
+        self.iter.broken = false;
+        self.iter.divergences = 0;
+        self.iter.start_stats = self.stats.clone();
+        self.stats.iterations += 1;
+        if self.iter.enabled {
+            self.iter.recording = Some(Recording {
+                start: boundary,
+                ..Recording::default()
+            });
+        }
+        self.iter.refs.clear();
+        if self.tracking() {
+            let live: Vec<(u32, TensorId)> = self
+                .tensors
+                .iter()
+                .map(|(i, _)| {
+                    (
+                        i,
+                        TensorId {
+                            index: i,
+                            generation: self.generations[i as usize],
+                        },
+                    )
+                })
+                .collect();
+            for (k, (_, t)) in live.into_iter().enumerate() {
+                self.iter.refs.insert(t, Ref::Prefix(k as u32));
+            }
+        }
+        Ok(report)
+    }
+
+    /// Lay the resident storages out where `plan` puts them: in one arena of the
+    /// budget's size for physical budgets (logical budgets have no addresses).
+    fn adopt(&mut self, plan: &IterationPlan, residents: &[StorageId]) -> Result<()> {
+        if !self.memory.has_addresses() {
+            return Ok(());
+        }
+        let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
+        let mut arena = ArenaMemory::new(capacity, plan.arena_bytes);
+        self.by_ptr.clear();
+        for (k, &s) in residents.iter().enumerate() {
+            let old = self.graph.st_mut(s).slot.take();
+            let bytes = self.graph.st(s).bytes;
+            if let Some(old) = old {
+                self.memory.free(old).map_err(Error::Memory)?;
+            }
+            let slot = arena
+                .allocate_at(bytes, plan.offsets[k])
+                .map_err(|e| Error::Internal(format!("plan prefix does not fit: {e:?}")))?;
+            if slot.size > 0 {
+                self.by_ptr.insert(slot.ptr, s);
+            }
+            self.graph.st_mut(s).slot = Some(slot);
+        }
+        self.memory = Box::new(arena);
+        Ok(())
+    }
+
+    /// Start numbering calls, storages and allocations afresh without ending an
+    /// iteration (the planner's simulations, after placing the boundary state).
+    pub(crate) fn restart_numbering(&mut self, log_steps: bool) {
+        // What exists now predates the iteration, as at a real boundary.
+        self.iter.epoch += 1;
+        self.iter.stable_order = true;
+        self.iter.seq_storages.clear();
+        self.iter.allocs = 0;
+        self.iter.pos = 0;
+        self.iter.plan_log = log_steps.then(Vec::new);
+    }
+
+    /// The simulation's evictions and failures (see [`Runtime::restart_numbering`]).
+    pub(crate) fn take_plan_log(&mut self) -> Vec<PlanStep> {
+        self.iter.plan_log.take().unwrap_or_default()
+    }
+
+    /// The plan being followed this iteration, if any.
+    pub fn current_plan(&self) -> Option<&IterationPlan> {
+        self.iter.plan.as_deref()
+    }
+
+    /// Whether the current iteration still follows its plan.
+    pub fn following_plan(&self) -> bool {
+        self.iter.following
+    }
+
+    /// Iterations ended so far.
+    pub fn iteration(&self) -> u32 {
+        self.iter.epoch
+    }
+}

@@ -1,0 +1,270 @@
+//! Plan-ahead DTR: iterations are recorded, the next one is planned from the
+//! last, followed with no divergence when it repeats, left safely when it does
+//! not, and reading a value of an earlier iteration that would need a recompute
+//! is a typed error.
+
+use std::sync::Arc;
+
+use remat_dtr::{
+    BudgetMode, DtrConfig, Error, FnOp, IterationReport, OpError, OpHandle, OutputSpec, Runtime,
+    TensorId,
+};
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 31)
+}
+
+fn op(name: &str, seed: u64) -> Arc<dyn OpHandle<u64>> {
+    Arc::new(FnOp::new(name, move |ins: &[&u64]| {
+        Ok::<_, OpError>(vec![ins.iter().fold(seed, |h, v| mix(h, **v))])
+    }))
+}
+
+/// The optimizer's in-place update: not recomputable.
+struct Update;
+impl OpHandle<u64> for Update {
+    fn name(&self) -> &str {
+        "sgd"
+    }
+    fn compute(&self, ins: &[&u64]) -> Result<Vec<u64>, OpError> {
+        Ok(vec![mix(*ins[0], *ins[1])])
+    }
+    fn recomputable(&self) -> bool {
+        false
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A small MLP-like step: forward through `layers` activations of `act` bytes,
+/// a loss, backward reading every activation in reverse, an in-place update of
+/// each weight. `widen`: layer whose activation is twice as large (a changed
+/// shape); `skip`: a layer left out. Returns the loss.
+fn step(
+    rt: &mut Runtime<u64>,
+    weights: &[TensorId],
+    it: u64,
+    act: u64,
+    widen: Option<usize>,
+    skip: Option<usize>,
+) -> Result<u64, Error> {
+    let x = rt.put(mix(it, 7), act)?;
+    let mut acts = vec![x];
+    for (i, &w) in weights.iter().enumerate() {
+        if skip == Some(i) {
+            continue;
+        }
+        let bytes = if widen == Some(i) { 2 * act } else { act };
+        let prev = *acts.last().unwrap();
+        let h = rt.apply(
+            op("fwd", i as u64),
+            &[prev, w],
+            &[OutputSpec::fresh(bytes)],
+            1_000 + 100 * i as u64,
+        )?[0];
+        acts.push(h);
+    }
+    let loss = rt.apply(
+        op("loss", 99),
+        &[*acts.last().unwrap()],
+        &[OutputSpec::fresh(8)],
+        500,
+    )?[0];
+    let value = *rt.access(loss)?;
+    let mut d = rt.apply(op("dloss", 98), &[loss], &[OutputSpec::fresh(act)], 500)?[0];
+    let mut k = acts.len() - 1;
+    for (i, &w) in weights.iter().enumerate().rev() {
+        if skip == Some(i) {
+            continue;
+        }
+        let h_in = acts[k - 1];
+        let nd = rt.apply(
+            op("bwd", 50 + i as u64),
+            &[d, h_in, w],
+            &[OutputSpec::fresh(act)],
+            2_000,
+        )?[0];
+        rt.mutate(Arc::new(Update), &[w, nd], &[0], 300)?;
+        rt.release(d)?;
+        rt.release(acts[k])?;
+        d = nd;
+        k -= 1;
+    }
+    rt.release(d)?;
+    rt.release(acts[0])?;
+    rt.release(loss)?;
+    Ok(value)
+}
+
+fn weights(rt: &mut Runtime<u64>, layers: usize) -> Vec<TensorId> {
+    (0..layers)
+        .map(|i| rt.put(mix(i as u64, 1), MIB).unwrap())
+        .collect()
+}
+
+/// Losses and final weights of `iters` steps, with `end_iteration` after each;
+/// `variant(it)` gives (widen, skip) per iteration.
+fn train(
+    config: DtrConfig,
+    iters: u64,
+    variant: impl Fn(u64) -> (Option<usize>, Option<usize>),
+) -> (Vec<u64>, Vec<u64>, Vec<IterationReport>, Runtime<u64>) {
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let ws = weights(&mut rt, 8);
+    let mut losses = Vec::new();
+    let mut reports = Vec::new();
+    for it in 0..iters {
+        let (widen, skip) = variant(it);
+        losses.push(step(&mut rt, &ws, it, 12 * MIB, widen, skip).unwrap());
+        rt.check_invariants().unwrap();
+        reports.push(rt.end_iteration().unwrap());
+    }
+    let finals = ws.iter().map(|&w| *rt.access(w).unwrap()).collect();
+    (losses, finals, reports, rt)
+}
+
+fn unbounded_peak() -> u64 {
+    let (_, _, _, rt) = train(DtrConfig::default(), 1, |_| (None, None));
+    rt.stats().peak_live_bytes
+}
+
+#[test]
+fn repeated_iterations_follow_their_plan_bit_identically_in_both_modes() {
+    let (ref_losses, ref_weights, _, _) = train(DtrConfig::default(), 5, |_| (None, None));
+    let peak = unbounded_peak();
+    for mode in [BudgetMode::Physical, BudgetMode::Logical] {
+        let budget = peak * 6 / 10;
+        let config = DtrConfig::default()
+            .with_budget(budget)
+            .with_budget_mode(mode);
+        let (losses, finals, reports, rt) = train(config, 5, |_| (None, None));
+        assert_eq!(losses, ref_losses, "{mode:?}");
+        assert_eq!(finals, ref_weights, "{mode:?}");
+        // The state at the first boundary differs from the start (the weights'
+        // new versions), so the first plan can start at iteration 2 at latest.
+        for r in &reports[2..] {
+            assert!(r.planned, "{mode:?}: {r:?}");
+            assert_eq!(r.divergences, 0, "{mode:?}: {r:?}");
+            assert!(
+                r.evictions > 0,
+                "{mode:?}: the budget should need evictions: {r:?}"
+            );
+            let plan = r.next_plan.as_ref().expect("a plan for the next iteration");
+            assert!(plan.arena_bytes <= budget, "{mode:?}: {plan:?}");
+        }
+        assert!(reports.iter().all(|r| r.divergences == 0), "{reports:?}");
+        assert!(rt.stats().planned_evictions > 0);
+        if mode == BudgetMode::Physical {
+            assert_eq!(rt.memory().name(), "arena");
+            assert!(rt.memory_usage().peak_reserved <= budget);
+        }
+    }
+}
+
+#[test]
+fn a_changed_iteration_falls_back_stays_identical_and_is_planned_again() {
+    // Iteration 3 widens one activation, iteration 5 leaves a layer out.
+    let variant = |it: u64| match it {
+        3 => (Some(4), None),
+        5 => (None, Some(2)),
+        _ => (None, None),
+    };
+    let (ref_losses, ref_weights, _, _) = train(DtrConfig::default(), 9, variant);
+    let budget = unbounded_peak() * 6 / 10;
+    let (losses, finals, reports, _) = train(DtrConfig::default().with_budget(budget), 9, variant);
+    assert_eq!(losses, ref_losses);
+    assert_eq!(finals, ref_weights);
+    assert!(
+        reports[3].planned && reports[3].divergences == 1,
+        "{:?}",
+        reports[3]
+    );
+    assert!(
+        reports[5].planned && reports[5].divergences == 1,
+        "{:?}",
+        reports[5]
+    );
+    // After a changed iteration the next is planned from what really ran (the
+    // changed one), so it diverges in turn; the one after that repeats.
+    assert!(reports[8].planned, "{:?}", reports[8]);
+    assert_eq!(reports[8].divergences, 0, "{:?}", reports[8]);
+}
+
+#[test]
+fn evicted_values_of_an_ended_iteration_are_stale_and_resident_ones_stay() {
+    let config = DtrConfig::default()
+        .with_budget(3 * MIB)
+        .with_budget_mode(BudgetMode::Logical);
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let w = rt.put(3, MIB).unwrap();
+    let f = op("f", 1);
+    let a = rt
+        .apply(f.clone(), &[w], &[OutputSpec::fresh(MIB)], 10)
+        .unwrap()[0];
+    let b = rt
+        .apply(f.clone(), &[a], &[OutputSpec::fresh(MIB)], 10)
+        .unwrap()[0];
+    let expect_b = *rt.access(b).unwrap();
+    // Full: `c` evicts `a` (`b` is its input, so pinned).
+    let c = rt
+        .apply(f.clone(), &[b], &[OutputSpec::fresh(MIB)], 10)
+        .unwrap()[0];
+    assert!(!rt.is_resident(a).unwrap() && rt.is_resident(b).unwrap());
+    rt.release(c).unwrap();
+    rt.end_iteration().unwrap();
+    // `a` would be recomputed from `w`, which an optimizer may have changed.
+    match rt.access(a) {
+        Err(Error::StaleValue {
+            created_in: 0,
+            current: 1,
+            ..
+        }) => {}
+        other => panic!("expected a stale-value error, got {other:?}"),
+    }
+    // `b` stayed resident: it is never evicted again, whatever needs room.
+    for round in 0..4 {
+        let t = rt
+            .apply(f.clone(), &[w], &[OutputSpec::fresh(MIB)], 10)
+            .unwrap()[0];
+        rt.release(t).unwrap();
+        assert!(rt.is_resident(b).unwrap(), "round {round}");
+    }
+    assert_eq!(*rt.access(b).unwrap(), expect_b);
+    let msg = rt.access(a).unwrap_err().to_string();
+    assert!(
+        msg.contains("end_iteration") && msg.contains("iteration 0"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn plan_ahead_off_records_nothing_and_never_plans() {
+    let budget = unbounded_peak() * 6 / 10;
+    let config = DtrConfig::default()
+        .with_budget(budget)
+        .with_plan_ahead(false);
+    let (_, _, reports, rt) = train(config, 4, |_| (None, None));
+    assert!(reports.iter().all(|r| !r.planned && r.next_plan.is_none()));
+    assert_eq!(rt.stats().planned_evictions, 0);
+    assert_eq!(rt.stats().iterations, 4);
+}
+
+#[test]
+fn an_impossible_budget_stays_a_typed_error_across_iterations() {
+    let config = DtrConfig::default()
+        .with_budget(9 * MIB)
+        .with_budget_mode(BudgetMode::Logical);
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let ws = weights(&mut rt, 8);
+    match step(&mut rt, &ws, 0, 12 * MIB, None, None) {
+        Err(e) => assert!(e.is_impossible_budget(), "{e}"),
+        Ok(_) => panic!("12 MiB activations cannot fit 9 MiB with 8 MiB of weights"),
+    }
+    let r = rt.end_iteration().unwrap();
+    assert!(
+        r.next_plan.is_none(),
+        "a failed iteration is no program to plan"
+    );
+}
