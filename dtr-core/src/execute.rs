@@ -32,8 +32,10 @@ pub struct IterationPlan {
     /// The logical budget the simulation ran under (≤ budget: shrunk until the
     /// placement fits).
     pub simulated_budget: u64,
-    /// The portfolio entry that won.
-    pub policy: &'static str,
+    /// The portfolio entry that won and how it was placed (`arena`: best fit
+    /// in a flat arena during the simulation; `placed`: logical simulation,
+    /// then the static planner; `logical`: logical budgets).
+    pub policy: String,
     /// Simulated first computations plus rematerializations (ns).
     pub total_ns: f64,
     /// Simulated first computations (ns).

@@ -34,16 +34,18 @@ use std::time::Instant;
 use ahash::AHashMap;
 use remat_alloc::plan::{plan as place, Algorithm, Request as PlanRequest};
 
-use crate::arena::{arena_size, ARENA_ALIGN};
+use crate::arena::{arena_size, ArenaMemory, ARENA_ALIGN};
 use crate::config::{BudgetMode, DtrConfig, PolicyKind};
 use crate::error::{Error, OpError, Result};
 use crate::execute::{IterationPlan, PlanStep};
 use crate::ids::TensorId;
-use crate::memory::{AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, Slot};
+use crate::memory::{
+    AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, RequestShape, Slot,
+};
 use crate::op::{OpHandle, OutputSpec};
 use crate::policy::{make_policy, EvictionPolicy};
 use crate::record::{Event, Recording, Ref};
-use crate::replay::oracle::{self, Future, OracleKind};
+use crate::replay::oracle::{self, EStar, Future, OracleKind};
 use crate::runtime::Runtime;
 
 /// Shrinks of the simulated budget tried per portfolio entry.
@@ -56,16 +58,38 @@ const GREEDY_MAX_REQUESTS: usize = 20_000;
 /// One portfolio entry.
 #[derive(Debug, Clone, Copy)]
 enum Entry {
-    Learned(OracleKind),
+    Learned(OracleKind, EStar),
     Online(PolicyKind, bool),
 }
 
-const PORTFOLIO: [(&str, Entry); 4] = [
-    ("learned:next-use", Entry::Learned(OracleKind::NextUse)),
-    ("learned:dead", Entry::Learned(OracleKind::Dead)),
+const PORTFOLIO: [(&str, Entry); 5] = [
+    (
+        "learned:next-use",
+        Entry::Learned(OracleKind::NextUse, EStar::UnionFind),
+    ),
+    (
+        "learned:next-use-walk",
+        Entry::Learned(OracleKind::NextUse, EStar::Walk(64)),
+    ),
+    (
+        "learned:dead",
+        Entry::Learned(OracleKind::Dead, EStar::UnionFind),
+    ),
     ("remat", Entry::Online(PolicyKind::Remat, true)),
     ("dtr-full", Entry::Online(PolicyKind::Dtr, false)),
 ];
+
+/// How a simulation places its allocations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Placement {
+    /// In a flat arena of the budget, best fit at run time of the simulation:
+    /// the policy sees addresses and evicts to open holes; the offsets are the
+    /// simulation's own.
+    Arena,
+    /// Under a logical budget (no addresses), placed afterwards by the static
+    /// planner; fits only if the planner's arena is within the budget.
+    Logical(u64),
+}
 
 /// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is what
 /// the recorded iteration cost (first computations plus rematerializations): a
@@ -79,54 +103,55 @@ pub(crate) fn plan_iteration(
         return Ok(None);
     };
     let started = Instant::now();
-    let future = Arc::new(future_of(rec));
+    let mut planner = Planner {
+        rec,
+        config,
+        budget,
+        future: Arc::new(future_of(rec)),
+        measured_ns,
+        best: None,
+        simulations: 0,
+    };
     let physical = config.budget_mode == BudgetMode::Physical;
-    let mut best: Option<IterationPlan> = None;
-    let mut simulations = 0u32;
     for (name, entry) in PORTFOLIO {
+        if physical {
+            planner.try_placement(name, entry, Placement::Arena)?;
+        }
+        // Logical simulation, then static placement. When the arena exceeds
+        // the budget, simulate again under a budget shrunk by the excess, then
+        // half-way back while it fits.
+        let mut fits: Option<u64> = None;
+        let mut over = budget;
         let mut b = budget;
         for _ in 0..SHRINK_ATTEMPTS {
-            let limit = best
-                .as_ref()
-                .map_or(measured_ns, |p| p.total_ns.min(measured_ns));
-            simulations += 1;
-            let Some(sim) = simulate(rec, config, entry, b, limit, &future)? else {
-                break;
-            };
-            let (offsets, arena) = if physical {
-                placement(&sim.requests)
-            } else {
-                let live = remat_alloc::plan::max_live_bytes(&sim.requests);
-                (vec![0; sim.requests.len()], live)
-            };
-            tracing::debug!(target: "remat_dtr::plan", entry = name, simulated_budget = b, total_ns = sim.total_ns, arena, "simulated");
-            if physical && arena > budget {
-                let excess = arena - budget + ARENA_ALIGN;
-                if excess >= b {
-                    break;
+            match planner.try_placement(name, entry, Placement::Logical(b))? {
+                Outcome::Infeasible => break,
+                Outcome::Fits => {
+                    fits = Some(b);
+                    if b == budget {
+                        break;
+                    }
                 }
-                b -= excess;
-                continue;
+                Outcome::Over(arena) => {
+                    over = b;
+                    let excess = arena - budget + ARENA_ALIGN;
+                    if fits.is_none() && excess < b {
+                        b -= excess;
+                        continue;
+                    }
+                }
             }
-            if best.as_ref().is_none_or(|p| sim.total_ns < p.total_ns) {
-                best = Some(IterationPlan {
-                    start: rec.start.clone(),
-                    events: rec.events.clone(),
-                    steps: sim.steps,
-                    offsets,
-                    sizes: sim.requests.iter().map(|r| r.size).collect(),
-                    arena_bytes: arena,
-                    simulated_budget: b,
-                    policy: name,
-                    total_ns: sim.total_ns,
-                    compute_ns: rec.compute_ns() as f64,
-                    plan_ms: 0.0,
-                    simulations: 0,
-                });
+            let Some(lo) = fits else { break };
+            let next = lo + (over - lo) / 2;
+            if over - lo <= ARENA_ALIGN || next == b {
+                break;
             }
-            break;
+            b = next;
         }
     }
+    let Planner {
+        best, simulations, ..
+    } = planner;
     let plan_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(best
         .filter(|p| p.total_ns <= measured_ns * (1.0 + 1e-9))
@@ -135,6 +160,100 @@ pub(crate) fn plan_iteration(
             simulations,
             ..p
         }))
+}
+
+/// What one placement attempt found.
+enum Outcome {
+    /// The simulation failed (impossible budget or over the cost limit).
+    Infeasible,
+    /// It fits the budget (and became the best plan if it is the cheapest).
+    Fits,
+    /// Its static placement needs this many bytes, over the budget.
+    Over(u64),
+}
+
+/// The planner's state while it works through the portfolio.
+struct Planner<'a> {
+    rec: &'a Recording,
+    config: &'a DtrConfig,
+    budget: u64,
+    future: Arc<Future>,
+    measured_ns: f64,
+    best: Option<IterationPlan>,
+    simulations: u32,
+}
+
+impl Planner<'_> {
+    fn try_placement(&mut self, name: &str, entry: Entry, how: Placement) -> Result<Outcome> {
+        let limit = self
+            .best
+            .as_ref()
+            .map_or(self.measured_ns, |p| p.total_ns.min(self.measured_ns));
+        self.simulations += 1;
+        let t0 = Instant::now();
+        let sim = simulate(
+            self.rec,
+            self.config,
+            entry,
+            how,
+            self.budget,
+            limit,
+            &self.future,
+        )?;
+        if std::env::var_os("REMAT_DEBUG_PLAN").is_some() {
+            eprintln!(
+                "SIM {name} {how:?} {:.0} ms -> {:?}",
+                t0.elapsed().as_secs_f64() * 1e3,
+                sim.as_ref()
+                    .map(|s| s.total_ns / self.rec.compute_ns() as f64)
+            );
+        }
+        let Some(sim) = sim else {
+            return Ok(Outcome::Infeasible);
+        };
+        let (offsets, arena, simulated_budget, mode) = match how {
+            Placement::Arena => {
+                let arena = sim
+                    .requests
+                    .iter()
+                    .zip(&sim.offsets)
+                    .filter(|(r, _)| r.occupies())
+                    .map(|(r, o)| o + r.size)
+                    .max()
+                    .unwrap_or(0);
+                (sim.offsets, arena, self.budget, "arena")
+            }
+            Placement::Logical(b) if self.config.budget_mode == BudgetMode::Physical => {
+                let (offsets, arena) = placement(&sim.requests);
+                (offsets, arena, b, "placed")
+            }
+            Placement::Logical(b) => {
+                let live = remat_alloc::plan::max_live_bytes(&sim.requests);
+                (vec![0; sim.requests.len()], live, b, "logical")
+            }
+        };
+        tracing::debug!(target: "remat_dtr::plan", entry = name, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
+        if arena > self.budget {
+            return Ok(Outcome::Over(arena));
+        }
+        if self.best.as_ref().is_none_or(|p| sim.total_ns < p.total_ns) {
+            self.best = Some(IterationPlan {
+                start: self.rec.start.clone(),
+                events: self.rec.events.clone(),
+                steps: sim.steps,
+                offsets,
+                sizes: sim.requests.iter().map(|r| r.size).collect(),
+                arena_bytes: arena,
+                simulated_budget,
+                policy: format!("{name}/{mode}"),
+                total_ns: sim.total_ns,
+                compute_ns: self.rec.compute_ns() as f64,
+                plan_ms: 0.0,
+                simulations: 0,
+            });
+        }
+        Ok(Outcome::Fits)
+    }
 }
 
 /// The recording's reads by storage sequence number and the first-computation
@@ -187,6 +306,9 @@ fn placement(requests: &[PlanRequest]) -> (Vec<u64>, u64) {
 /// What one simulation produced.
 struct Simulation {
     total_ns: f64,
+    /// Where the simulation's own memory model put each allocation (0 without
+    /// addresses).
+    offsets: Vec<u64>,
     steps: Vec<PlanStep>,
     requests: Vec<PlanRequest>,
 }
@@ -197,23 +319,24 @@ struct AllocLog {
     step: usize,
     open: AHashMap<u64, usize>,
     requests: Vec<PlanRequest>,
+    offsets: Vec<u64>,
 }
 
-/// A logical budget that logs every allocation's lifetime.
-struct LoggedBudget {
-    inner: LogicalBudget,
+/// A memory model that logs every allocation's lifetime and offset.
+struct LoggedMemory {
+    inner: Box<dyn MemoryModel>,
     log: Arc<Mutex<AllocLog>>,
 }
 
-impl LoggedBudget {
+impl LoggedMemory {
     fn log(&self) -> std::sync::MutexGuard<'_, AllocLog> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-impl MemoryModel for LoggedBudget {
+impl MemoryModel for LoggedMemory {
     fn name(&self) -> &'static str {
-        "logical"
+        self.inner.name()
     }
     fn allocate(&mut self, bytes: u64) -> std::result::Result<Slot, AllocFailure> {
         let slot = self.inner.allocate(bytes)?;
@@ -222,6 +345,7 @@ impl MemoryModel for LoggedBudget {
         let step = log.step;
         log.requests
             .push(PlanRequest::new(arena_size(bytes), step, usize::MAX));
+        log.offsets.push(slot.ptr);
         log.open.insert(slot.key, i);
         log.step += 1;
         Ok(slot)
@@ -236,18 +360,26 @@ impl MemoryModel for LoggedBudget {
         }
         Ok(())
     }
-    fn adjacent_free(&self, _slot: &Slot) -> (u64, u64) {
-        (0, 0)
+    fn adjacent_free(&self, slot: &Slot) -> (u64, u64) {
+        self.inner.adjacent_free(slot)
     }
     fn has_addresses(&self) -> bool {
-        false
+        self.inner.has_addresses()
     }
-    fn blocks(&self, _out: &mut Vec<BlockView>) {}
+    fn blocks(&self, out: &mut Vec<BlockView>) {
+        self.inner.blocks(out)
+    }
     fn usage(&self) -> MemoryUsage {
         self.inner.usage()
     }
     fn capacity(&self) -> Option<u64> {
         self.inner.capacity()
+    }
+    fn shape(&self, bytes: u64) -> RequestShape {
+        self.inner.shape(bytes)
+    }
+    fn free_bytes(&self) -> u64 {
+        self.inner.free_bytes()
     }
 }
 
@@ -275,35 +407,54 @@ fn simulate(
     rec: &Recording,
     config: &DtrConfig,
     entry: Entry,
-    budget: u64,
+    how: Placement,
+    capacity: u64,
     limit_ns: f64,
     future: &Arc<Future>,
 ) -> Result<Option<Simulation>> {
+    let (budget, mode) = match how {
+        Placement::Arena => (capacity, BudgetMode::Physical),
+        Placement::Logical(b) => (b, BudgetMode::Logical),
+    };
     let (kind, sampling) = match entry {
         Entry::Online(kind, sampling) => (kind, sampling),
-        Entry::Learned(_) => (config.policy, false),
+        Entry::Learned(..) => (config.policy, false),
     };
     let sim_config = config
         .clone()
         .with_budget(budget)
-        .with_budget_mode(BudgetMode::Logical)
+        .with_budget_mode(mode)
         .with_policy(kind)
         .with_sampling(sampling)
         .with_threshold(None)
         .with_plan_ahead(false);
     let policy: Box<dyn EvictionPolicy> = match entry {
-        Entry::Learned(k) => Box::new(oracle::learned(k, future.clone())),
+        Entry::Learned(k, e) => Box::new(oracle::learned(k, future.clone(), e)),
         Entry::Online(k, _) => make_policy(k, &sim_config),
     };
     let log = Arc::new(Mutex::new(AllocLog::default()));
-    let memory = LoggedBudget {
-        inner: LogicalBudget::new(Some(budget)),
+    let inner: Box<dyn MemoryModel> = match how {
+        Placement::Arena => Box::new(ArenaMemory::new(budget, 0)),
+        Placement::Logical(b) => Box::new(LogicalBudget::new(Some(b))),
+    };
+    let memory = LoggedMemory {
+        inner,
         log: log.clone(),
     };
     let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
     match run(&mut rt, rec, limit_ns) {
         Ok(()) => {}
-        Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok(None),
+        Err(e @ (Error::ImpossibleBudget(_) | Error::ComputeLimit { .. })) => {
+            if std::env::var_os("REMAT_DEBUG_PLAN").is_some() {
+                eprintln!(
+                    "  fail: {} decisions {} evictions {}",
+                    e.to_string().chars().take(60).collect::<String>(),
+                    rt.stats().decisions,
+                    rt.stats().evictions
+                );
+            }
+            return Ok(None);
+        }
         Err(e) => {
             tracing::debug!(target: "remat_dtr::plan", error = %e, "a simulation failed");
             return Ok(None);
@@ -323,6 +474,7 @@ fn simulate(
         total_ns,
         steps,
         requests: log.requests,
+        offsets: log.offsets,
     }))
 }
 
@@ -371,7 +523,18 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
             .clone()
     };
     let missing = || Error::Internal("the recording names a tensor it never made".into());
+    // First computations still ahead: a run whose cost so far plus these passes
+    // the limit cannot win, so it stops at once instead of at the limit.
+    let mut ahead = rec.compute_ns() as f64;
     for ev in &rec.events {
+        ahead -= ev.cost_ns() as f64;
+        let spent = rt.stats().total_compute_ns();
+        if spent + ahead.max(0.0) > limit_ns * (1.0 + 1e-9) {
+            return Err(Error::ComputeLimit {
+                limit_ns,
+                spent_ns: spent,
+            });
+        }
         let get = |r: &Ref| -> Result<TensorId> {
             match *r {
                 Ref::Prefix(k) => prefix.get(k as usize).copied().flatten(),

@@ -55,8 +55,9 @@ pub struct RuntimeStats {
 /// The plan adopted for the next iteration, in figures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanSummary {
-    /// The portfolio entry that won (`learned:next-use`, `remat`, …).
-    pub policy: &'static str,
+    /// The portfolio entry that won and its placement
+    /// (`learned:next-use/arena`, `remat/placed`, …).
+    pub policy: String,
     /// Simulated overhead (first computations plus rematerializations, over
     /// first computations).
     pub overhead: f64,
@@ -85,7 +86,7 @@ impl From<&crate::execute::IterationPlan> for PlanSummary {
             })
             .count();
         Self {
-            policy: p.policy,
+            policy: p.policy.clone(),
             overhead: p.overhead(),
             arena_bytes: p.arena_bytes,
             simulated_budget: p.simulated_budget,

@@ -212,6 +212,7 @@ pub(crate) fn policy(kind: OracleKind, future: Future) -> (OraclePolicy, Tracker
         future: Arc::new(future),
         progress: Some(tracker.progress.clone()),
         blocks: Vec::new(),
+        e_star: EStar::Exact,
     };
     (policy, tracker)
 }
@@ -219,13 +220,26 @@ pub(crate) fn policy(kind: OracleKind, future: Future) -> (OraclePolicy, Tracker
 /// The same pricing over a *recorded* iteration, for the planner: the position is
 /// the runtime's call index and storages are named by their sequence number in
 /// the iteration, so the runtime itself says where it is (see [`crate::planner`]).
-pub(crate) fn learned(kind: OracleKind, future: Arc<Future>) -> OraclePolicy {
+pub(crate) fn learned(kind: OracleKind, future: Arc<Future>, e_star: EStar) -> OraclePolicy {
     OraclePolicy {
         kind,
         future,
         progress: None,
         blocks: Vec::new(),
+        e_star,
     }
+}
+
+/// How a next-use price computes e* (the recompute cost of a candidate with its
+/// evicted neighbourhood).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EStar {
+    /// The exact walk (the analysis oracle).
+    Exact,
+    /// The union-find sums of h_DTR^eq (O(α) per candidate).
+    UnionFind,
+    /// A walk over at most this many evicted nodes.
+    Walk(usize),
 }
 
 /// The analysis policy (see the module doc).
@@ -235,6 +249,7 @@ pub(crate) struct OraclePolicy {
     /// The replayer's position; `None`: the runtime's own (learned policies).
     progress: Option<Arc<Mutex<Progress>>>,
     blocks: Vec<BlockView>,
+    e_star: EStar,
 }
 
 impl OraclePolicy {
@@ -263,7 +278,16 @@ impl OraclePolicy {
         };
         match self.kind {
             OracleKind::NextUse => match next {
-                Some(t) => v.e_star_exact(s) / t,
+                // The analysis oracle walks the exact e*; the planner's learned
+                // variants, run in many simulations, take a cheaper one.
+                Some(t) => {
+                    let e = match self.e_star {
+                        EStar::Exact => v.e_star_exact(s),
+                        EStar::UnionFind => v.e_star_eq(s),
+                        EStar::Walk(n) => v.e_star_bounded(s, n),
+                    };
+                    e / t
+                }
                 None => 0.0,
             },
             OracleKind::Dead | OracleKind::DeadAfterBackward => {
@@ -285,7 +309,11 @@ impl EvictionPolicy for OraclePolicy {
             (OracleKind::NextUse, true) => "oracle:next-use",
             (OracleKind::Dead, true) => "oracle:dead",
             (OracleKind::DeadAfterBackward, true) => "oracle:dead-after-backward",
-            (OracleKind::NextUse, false) => "learned:next-use",
+            (OracleKind::NextUse, false) => match self.e_star {
+                EStar::Exact => "learned:next-use-exact",
+                EStar::UnionFind => "learned:next-use",
+                EStar::Walk(_) => "learned:next-use-walk",
+            },
             (OracleKind::Dead, false) => "learned:dead",
             (OracleKind::DeadAfterBackward, false) => "learned:dead-after-backward",
         }

@@ -1739,6 +1739,9 @@ impl<V> Runtime<V> {
 /// (unbounded when there is no budget).
 pub fn memory_model(config: &DtrConfig) -> Result<Box<dyn MemoryModel>> {
     Ok(match (config.budget_mode, config.budget) {
+        (BudgetMode::Physical, Some(b)) if std::env::var_os("REMAT_EXP_ARENA").is_some() => {
+            Box::new(crate::arena::ArenaMemory::new(b, 0))
+        }
         (BudgetMode::Physical, Some(b)) => Box::new(crate::physical::PhysicalBudget::with_config(
             b,
             config.physical_allocator(),
