@@ -24,7 +24,10 @@ fn write_trace() -> PathBuf {
     let trace = t.build().expect("the chain replays");
     let dir = std::env::temp_dir().join(format!("remat-replay-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("chain.log");
+    // One file per call: the tests run in parallel threads of one process.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("chain-{n}.log"));
     std::fs::write(&path, trace.to_jsonl()).unwrap();
     path
 }
@@ -124,4 +127,55 @@ fn bad_values_are_errors_that_say_what_is_allowed() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn iterations_report_each_iteration_and_plan_the_repeats() {
+    let trace = write_trace();
+    let path = trace.to_str().unwrap();
+    let one = replay_json(path, &["--budget-mode", "logical"]);
+    let r = replay_json(path, &["--budget-mode", "logical", "--iterations", "3"]);
+    let its = r["iterations"].as_array().expect("an iterations array");
+    assert_eq!(its.len(), 3, "{r}");
+    for (k, it) in its.iter().enumerate() {
+        assert_eq!(it["index"], k as u64);
+        assert_eq!(it["status"], "ok", "{r}");
+        for key in [
+            "overhead",
+            "evictions",
+            "rematerializations",
+            "planned",
+            "divergences",
+            "arena_bytes",
+        ] {
+            assert!(it.get(key).is_some(), "missing {key}: {it}");
+        }
+    }
+    // The first iteration starts from nothing, the second from the constant:
+    // the first plan is made at the second boundary.
+    assert_eq!(its[0]["planned"], false);
+    assert_eq!(its[2]["planned"], true, "{r}");
+    assert_eq!(its[2]["divergences"], 0, "{r}");
+    assert!(its[2]["arena_bytes"].as_u64().unwrap() <= r["budget_bytes"].as_u64().unwrap());
+    assert_eq!(r["steady_overhead"], its[2]["overhead"]);
+    assert_eq!(r["status"], "ok");
+    // One iteration reports itself and no plan.
+    assert_eq!(one["iterations"].as_array().map(Vec::len), Some(1));
+    assert_eq!(one["iterations"][0]["planned"], false);
+}
+
+#[test]
+fn iteration_options_that_do_not_go_together_are_errors() {
+    let trace = write_trace();
+    let path = trace.to_str().unwrap();
+    let out = remat(&["replay", path, "--iterations", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("iterations"));
+    let out = remat(&["replay", path, "--oracle", "next-use", "--iterations", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--oracle") && err.contains("one iteration"),
+        "{err}"
+    );
 }

@@ -77,6 +77,50 @@ impl ArenaMemory {
         }
     }
 
+    /// Defragment: slide every block that `movable` accepts (by address) down to
+    /// the lowest address it can take, in address order, around the blocks that
+    /// stay. Returns `(old, new)` for each block that moved.
+    pub fn compact(&mut self, movable: &dyn Fn(u64) -> bool) -> Vec<(u64, u64)> {
+        let blocks: Vec<(u64, u64)> = self.blocks.iter().map(|(&p, &s)| (p, s)).collect();
+        let fixed: Vec<(u64, u64)> = blocks
+            .iter()
+            .copied()
+            .filter(|&(p, _)| !movable(p))
+            .collect();
+        let mut moves = Vec::new();
+        let mut placed = BTreeMap::new();
+        for &(p, s) in &fixed {
+            placed.insert(p, s);
+        }
+        let mut cursor = 0u64;
+        let mut next_fixed = 0usize;
+        for &(p, s) in blocks.iter().filter(|&&(p, _)| movable(p)) {
+            // The lowest start at or above the cursor clear of the fixed blocks;
+            // never above the block's own address (that one is clear).
+            let mut at = cursor;
+            let mut k = next_fixed;
+            while let Some(&(fp, fs)) = fixed.get(k) {
+                if fp + fs <= at {
+                    k += 1;
+                    next_fixed = k;
+                } else if fp < at + s {
+                    at = fp + fs;
+                    k += 1;
+                } else {
+                    break;
+                }
+            }
+            let at = at.min(p);
+            placed.insert(at, s);
+            if at != p {
+                moves.push((p, at));
+            }
+            cursor = at + s;
+        }
+        self.blocks = placed;
+        moves
+    }
+
     /// Free ranges `(ptr, size)` in address order.
     fn gaps(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let mut cursor = 0u64;
@@ -214,6 +258,14 @@ impl MemoryModel for ArenaMemory {
         Some(self.capacity)
     }
 
+    fn can_compact(&self) -> bool {
+        true
+    }
+
+    fn compact(&mut self, movable: &dyn Fn(u64) -> bool) -> Option<Vec<(u64, u64)>> {
+        Some(ArenaMemory::compact(self, movable))
+    }
+
     fn shape(&self, bytes: u64) -> crate::memory::RequestShape {
         let size = arena_size(bytes);
         crate::memory::RequestShape {
@@ -252,6 +304,33 @@ mod tests {
         assert!(a.free(x).is_err());
         assert_eq!(a.usage().allocated, 1024);
         assert_eq!(a.usage().reserved, 2560);
+    }
+
+    #[test]
+    fn compaction_slides_movable_blocks_down_around_fixed_ones() {
+        let mut a = ArenaMemory::new(8192, 0);
+        let x = a.allocate_at(512, 1024).unwrap();
+        let pinned = a.allocate_at(512, 2560).unwrap();
+        let y = a.allocate_at(1024, 4096).unwrap();
+        let z = a.allocate_at(1536, 6144).unwrap();
+        let moves = a.compact(&|p| p != pinned.ptr);
+        // x to 0, y right after it (below the fixed block), z after the fixed one.
+        assert_eq!(moves, vec![(1024, 0), (4096, 512), (6144, 3072)]);
+        let mut v = Vec::new();
+        a.blocks(&mut v);
+        let allocated: Vec<(u64, u64)> = v
+            .iter()
+            .filter(|b| b.allocated)
+            .map(|b| (b.ptr, b.size))
+            .collect();
+        assert_eq!(
+            allocated,
+            vec![(0, 512), (512, 1024), (2560, 512), (3072, 1536)]
+        );
+        assert_eq!(a.usage().allocated, 3584);
+        // The biggest hole is now at the top.
+        assert!(a.allocate(3584).is_ok());
+        let _ = (x, y, z);
     }
 
     #[test]

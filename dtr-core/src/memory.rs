@@ -101,6 +101,19 @@ pub trait MemoryModel: Send {
         self.allocate(bytes)
     }
 
+    /// Whether [`MemoryModel::compact`] moves blocks.
+    fn can_compact(&self) -> bool {
+        false
+    }
+
+    /// Defragment, when the model can: move the blocks `movable` accepts (by
+    /// address) and return `(old, new)` addresses of those that moved. `None`:
+    /// this model does not move blocks.
+    fn compact(&mut self, movable: &dyn Fn(u64) -> bool) -> Option<Vec<(u64, u64)>> {
+        let _ = movable;
+        None
+    }
+
     /// Give a slot back.
     fn free(&mut self, slot: Slot) -> Result<(), String>;
 

@@ -190,7 +190,6 @@ impl Planner<'_> {
             .as_ref()
             .map_or(self.measured_ns, |p| p.total_ns.min(self.measured_ns));
         self.simulations += 1;
-        let t0 = Instant::now();
         let sim = simulate(
             self.rec,
             self.config,
@@ -200,14 +199,6 @@ impl Planner<'_> {
             limit,
             &self.future,
         )?;
-        if std::env::var_os("REMAT_DEBUG_PLAN").is_some() {
-            eprintln!(
-                "SIM {name} {how:?} {:.0} ms -> {:?}",
-                t0.elapsed().as_secs_f64() * 1e3,
-                sim.as_ref()
-                    .map(|s| s.total_ns / self.rec.compute_ns() as f64)
-            );
-        }
         let Some(sim) = sim else {
             return Ok(Outcome::Infeasible);
         };
@@ -444,17 +435,7 @@ fn simulate(
     let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
     match run(&mut rt, rec, limit_ns) {
         Ok(()) => {}
-        Err(e @ (Error::ImpossibleBudget(_) | Error::ComputeLimit { .. })) => {
-            if std::env::var_os("REMAT_DEBUG_PLAN").is_some() {
-                eprintln!(
-                    "  fail: {} decisions {} evictions {}",
-                    e.to_string().chars().take(60).collect::<String>(),
-                    rt.stats().decisions,
-                    rt.stats().evictions
-                );
-            }
-            return Ok(None);
-        }
+        Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok(None),
         Err(e) => {
             tracing::debug!(target: "remat_dtr::plan", error = %e, "a simulation failed");
             return Ok(None);

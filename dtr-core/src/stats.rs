@@ -47,6 +47,12 @@ pub struct RuntimeStats {
     pub iterations: u64,
     /// Of [`RuntimeStats::evictions`]: evictions a plan scheduled.
     pub planned_evictions: u64,
+    /// Defragmentations of an online arena (and the one switch to an arena
+    /// when an online iteration thrashes under a caching-allocator model).
+    pub defragmentations: u64,
+    /// Bytes moved by defragmentation (device-to-device copies a real arena
+    /// would make; not counted in the compute figures).
+    pub defrag_bytes: u64,
     /// Iterations that left their plan (a call differed from the recorded
     /// iteration, or a plan step could not be taken).
     pub divergences: u64,

@@ -268,3 +268,44 @@ fn an_impossible_budget_stays_a_typed_error_across_iterations() {
         "a failed iteration is no program to plan"
     );
 }
+
+/// On the DTR paper's traces replayed as three iterations under a physical
+/// budget: the last iteration follows its plan with no divergence, costs no more
+/// than the first, and its arena fits the budget. treelstm at 0.3 is the cell
+/// where the first iteration's caching allocator fragments: it must finish.
+#[test]
+fn traces_replayed_as_iterations_settle_on_a_plan() {
+    use remat_dtr::replay::{replay_ratio_iterations, ReplayStatus};
+    use remat_dtr::PolicyKind;
+    use remat_trace::{find_trace, require_traces, Trace};
+    if require_traces("traces_replayed_as_iterations_settle_on_a_plan").is_none() {
+        return;
+    }
+    for (name, ratio) in [("lstm", 0.4), ("treelstm", 0.3), ("resnet32", 0.5)] {
+        let path = find_trace(name).unwrap_or_else(|| panic!("trace {name} not found"));
+        let trace = Trace::load(&path).unwrap();
+        let r = replay_ratio_iterations(
+            &trace,
+            ratio,
+            BudgetMode::Physical,
+            PolicyKind::Remat,
+            &DtrConfig::default(),
+            3,
+        )
+        .unwrap();
+        assert_eq!(r.status, ReplayStatus::Ok, "{name}: {:?}", r.iterations);
+        let last = r.iterations.last().unwrap();
+        assert!(last.planned, "{name}: {:?}", r.iterations);
+        assert_eq!(last.divergences, 0, "{name}: {:?}", r.iterations);
+        assert!(
+            last.arena_bytes.unwrap() <= r.budget_bytes.unwrap(),
+            "{name}"
+        );
+        assert!(
+            last.overhead <= r.iterations[0].overhead,
+            "{name}: {:?}",
+            r.iterations
+        );
+        assert_eq!(r.steady_overhead, Some(last.overhead));
+    }
+}

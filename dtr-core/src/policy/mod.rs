@@ -70,6 +70,9 @@ pub struct DecisionView<'a> {
     pub(crate) pool_hot: &'a [Hot],
     pub(crate) by_ptr: &'a AHashMap<u64, StorageId>,
     pub(crate) request: Request,
+    /// The runtime defragments this memory when free bytes are in pieces, so
+    /// where a block sits does not constrain placement: price logically.
+    pub(crate) defragmenting: bool,
 }
 
 impl<'a> DecisionView<'a> {
@@ -203,9 +206,10 @@ impl<'a> DecisionView<'a> {
         }
     }
 
-    /// Whether the memory model has addresses.
+    /// Whether placement depends on addresses: the memory model has them and
+    /// the runtime does not defragment it.
     pub fn has_addresses(&self) -> bool {
-        self.memory.has_addresses()
+        self.memory.has_addresses() && !self.defragmenting
     }
 
     /// Append the address-ordered blocks (O(blocks)).

@@ -642,6 +642,19 @@ pub fn replay_ratio(
     policy: PolicyKind,
     base: &DtrConfig,
 ) -> Result<ReplayReport, ReplayError> {
+    replay_ratio_iterations(trace, ratio, mode, policy, base, 1)
+}
+
+/// [`replay_ratio`] as `iterations` training iterations (see
+/// [`ReplayOptions::iterations`]).
+pub fn replay_ratio_iterations(
+    trace: &Trace,
+    ratio: f64,
+    mode: BudgetMode,
+    policy: PolicyKind,
+    base: &DtrConfig,
+    iterations: usize,
+) -> Result<ReplayReport, ReplayError> {
     let b = remat_trace::baseline(trace)?;
     let budget = (b.peak_bytes as f64 * ratio).floor() as u64;
     let opts = ReplayOptions {
@@ -653,7 +666,7 @@ pub fn replay_ratio(
         thrash_limit: 2.0,
         timeline_every: None,
         oracle: None,
-        iterations: 1,
+        iterations,
     };
     let mut r = replay(trace, &opts, b.compute_ns)?;
     r.ratio = Some(ratio);

@@ -35,6 +35,13 @@ use crate::stats::{IterationReport, RuntimeStats};
 /// planned) rather than grow without bound when `end_iteration` is never called.
 const MAX_EVENTS: usize = 1 << 23;
 
+/// Share of the budget that, free but unusable at a failed allocation, marks the
+/// layout as the problem. Failed allocations of a working set that simply does
+/// not fit find little free (a few percent of the budget on the DTR traces);
+/// a layout that fragmented under eviction leaves far more (over a third on
+/// treelstm's small-pool requests).
+const FRAGMENTED_SHARE: f64 = 0.2;
+
 /// The iteration counters and the recorder/executor state of a runtime.
 #[derive(Default)]
 pub(crate) struct IterationState {
@@ -68,6 +75,9 @@ pub(crate) struct IterationState {
     pub start_stats: RuntimeStats,
     /// Divergences this iteration.
     pub divergences: u32,
+    /// An allocation failed with a large share of the budget free but in
+    /// pieces (see [`Runtime::note_fragmentation`]).
+    pub fragmented: bool,
     /// Order regeneration inputs by creation, not slab index (while following
     /// a plan, and in simulations that make one).
     pub stable_order: bool,
@@ -409,6 +419,106 @@ impl<V> Runtime<V> {
         }
         self.memory = Box::new(arena);
         Ok(())
+    }
+
+    /// Whether this runtime may move blocks: plan-ahead on, not a planner
+    /// simulation (its offsets become a plan), not following a plan.
+    fn may_defragment(&self) -> bool {
+        self.iter.enabled && self.iter.plan_log.is_none() && !self.iter.following
+    }
+
+    /// Whether [`Runtime::defragment`] would move blocks of this memory.
+    pub(super) fn defragmenting(&self) -> bool {
+        self.may_defragment() && self.memory.can_compact()
+    }
+
+    /// Called where no allocation is in flight (before an op places its
+    /// outputs): an online iteration under a physical budget whose replays have
+    /// cost more than its first computations is losing to fragmentation; lay
+    /// its resident storages out compactly in an [`ArenaMemory`] of the budget,
+    /// which can then be defragmented ([`Runtime::defragment`]).
+    pub(super) fn rescue_from_fragmentation(&mut self) -> Result<()> {
+        if !self.may_defragment() || !self.memory.has_addresses() || self.memory.can_compact() {
+            return Ok(());
+        }
+        let s0 = &self.iter.start_stats;
+        let losing = self.stats.remat_ns - s0.remat_ns > self.stats.compute_ns - s0.compute_ns;
+        if !losing && !self.graph.thrashing() && !self.iter.fragmented {
+            return Ok(());
+        }
+        self.iter.fragmented = false;
+        let Some(capacity) = self.memory.capacity() else {
+            return Ok(());
+        };
+        let mut residents: Vec<(u64, StorageId)> = self
+            .graph
+            .storages
+            .iter()
+            .filter_map(|(i, r)| r.slot.as_ref().map(|sl| (sl.ptr, StorageId(i))))
+            .collect();
+        residents.sort_unstable();
+        let mut arena = ArenaMemory::new(capacity, 0);
+        self.by_ptr.clear();
+        let mut at = 0u64;
+        for (_, s) in residents {
+            let old = self.graph.st_mut(s).slot.take();
+            let bytes = self.graph.st(s).bytes;
+            if let Some(old) = old {
+                self.memory.free(old).map_err(Error::Memory)?;
+            }
+            let slot = arena
+                .allocate_at(bytes, at)
+                .map_err(|e| Error::Internal(format!("compact layout does not fit: {e:?}")))?;
+            at += slot.size;
+            if slot.size > 0 {
+                self.by_ptr.insert(slot.ptr, s);
+            }
+            self.graph.st_mut(s).slot = Some(slot);
+        }
+        self.memory = Box::new(arena);
+        self.stats.defragmentations += 1;
+        tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
+        Ok(())
+    }
+
+    /// An allocation of `bytes` found no room with `free_bytes` free: when at
+    /// least [`FRAGMENTED_SHARE`] of the budget is free but unusable, the
+    /// allocator's layout, not the working set, is what fails; the next op
+    /// switches to a defragmenting arena ([`Runtime::rescue_from_fragmentation`]).
+    pub(super) fn note_fragmentation(&mut self, bytes: u64, free_bytes: u64) {
+        if let Some(capacity) = self.memory.capacity() {
+            if free_bytes >= bytes && free_bytes as f64 >= FRAGMENTED_SHARE * capacity as f64 {
+                self.iter.fragmented = true;
+            }
+        }
+    }
+
+    /// Defragment the arena: slide resident storages down (blocks of
+    /// allocations in flight stay). `false` when the model cannot.
+    pub(super) fn defragment(&mut self) -> Result<bool> {
+        if !self.may_defragment() {
+            return Ok(false);
+        }
+        let by_ptr = &self.by_ptr;
+        let Some(moves) = self.memory.compact(&|p| by_ptr.contains_key(&p)) else {
+            return Ok(false);
+        };
+        let moved: Vec<(StorageId, u64)> = moves
+            .iter()
+            .filter_map(|&(old, new)| self.by_ptr.get(&old).map(|&s| (s, new)))
+            .collect();
+        for &(old, _) in &moves {
+            self.by_ptr.remove(&old);
+        }
+        for (s, new) in moved {
+            self.by_ptr.insert(new, s);
+            if let Some(slot) = self.graph.st_mut(s).slot.as_mut() {
+                slot.ptr = new;
+                self.stats.defrag_bytes += slot.size;
+            }
+        }
+        self.stats.defragmentations += 1;
+        Ok(true)
     }
 
     /// Start numbering calls, storages and allocations afresh without ending an

@@ -342,6 +342,7 @@ impl<V> Runtime<V> {
         for &t in inputs {
             in_storages.push(self.tensor(t)?.storage);
         }
+        self.rescue_from_fragmentation()?;
         self.note(
             |rt| Event::Apply {
                 name: op.name().to_string(),
@@ -1445,6 +1446,7 @@ impl<V> Runtime<V> {
             }
         }
         let mut first = true;
+        let mut defragged = false;
         loop {
             match self.memory.allocate(bytes) {
                 Ok(slot) => {
@@ -1453,7 +1455,17 @@ impl<V> Runtime<V> {
                 }
                 Err(AllocFailure::Other(m)) => return Err(Error::Memory(m)),
                 Err(AllocFailure::NoRoom { free_bytes }) => {
+                    // Enough free bytes, in pieces: defragment and retry (once
+                    // per eviction round).
+                    if !defragged && free_bytes >= self.memory.shape(bytes).block {
+                        defragged = true;
+                        if self.defragment()? {
+                            continue;
+                        }
+                    }
+                    defragged = false;
                     if first {
+                        self.note_fragmentation(bytes, free_bytes);
                         first = false;
                         self.stats.evicting_allocations += 1;
                         self.stats.free_at_failure_bytes += free_bytes as f64;
@@ -1562,6 +1574,7 @@ impl<V> Runtime<V> {
     /// evicting (a dry run: benches, debugging). Advances the sampler. The slice
     /// lives until the next call that decides or evicts.
     pub fn decide(&mut self, bytes: u64) -> &[StorageId] {
+        let defragmenting = self.defragmenting();
         self.fill_pool();
         self.victims.clear();
         let request = Request {
@@ -1576,6 +1589,7 @@ impl<V> Runtime<V> {
             pool_hot: &self.pool_hot,
             by_ptr: &self.by_ptr,
             request,
+            defragmenting,
         };
         self.policy.choose(&mut view, &mut self.victims);
         &self.victims
@@ -1588,6 +1602,7 @@ impl<V> Runtime<V> {
             return Ok(false);
         }
         let start = Instant::now();
+        let defragmenting = self.defragmenting();
         self.fill_pool();
         self.victims.clear();
         {
@@ -1598,6 +1613,7 @@ impl<V> Runtime<V> {
                 pool_hot: &self.pool_hot,
                 by_ptr: &self.by_ptr,
                 request,
+                defragmenting,
             };
             self.policy.choose(&mut view, &mut self.victims);
         }
@@ -1739,9 +1755,6 @@ impl<V> Runtime<V> {
 /// (unbounded when there is no budget).
 pub fn memory_model(config: &DtrConfig) -> Result<Box<dyn MemoryModel>> {
     Ok(match (config.budget_mode, config.budget) {
-        (BudgetMode::Physical, Some(b)) if std::env::var_os("REMAT_EXP_ARENA").is_some() => {
-            Box::new(crate::arena::ArenaMemory::new(b, 0))
-        }
         (BudgetMode::Physical, Some(b)) => Box::new(crate::physical::PhysicalBudget::with_config(
             b,
             config.physical_allocator(),
