@@ -14,7 +14,8 @@ use burn_backend::{DType, DTypeUsageSet, Shape, TensorData};
 use burn_ir::{BackendIr, OperationIr, TensorId, TensorIr, TensorStatus};
 use burn_router::{RouterTensor, RunnerClient};
 use remat_dtr::{
-    make_policy, DtrConfig, LogicalBudget, MemoryUsage, OutputSpec, Runtime, RuntimeStats,
+    make_policy, DtrConfig, IterationReport, LogicalBudget, MemoryUsage, OutputSpec, Runtime,
+    RuntimeStats,
 };
 
 use crate::cost::{tensor_bytes, CostModel};
@@ -43,6 +44,10 @@ pub struct DtrStats {
     pub uploads: u64,
     /// Non-recomputable ops run (random, empty): never evicted.
     pub non_recomputable: u64,
+    /// The last step that ended ([`DtrClient::end_iteration`]; `Sealing` ends
+    /// one after each optimizer step): its figures and whether it followed a
+    /// plan.
+    pub last_iteration: Option<IterationReport>,
 }
 
 impl fmt::Display for DtrStats {
@@ -86,6 +91,7 @@ struct State<B: BackendIr> {
     views: u64,
     uploads: u64,
     non_recomputable: u64,
+    last_iteration: Option<IterationReport>,
 }
 
 /// The client of one DTR device (a [`burn_router::RunnerClient`]).
@@ -146,6 +152,7 @@ impl<B: BackendIr> DtrClient<B> {
                 views: 0,
                 uploads: 0,
                 non_recomputable: 0,
+                last_iteration: None,
             })),
             shared: Arc::new(Shared::new(device.inner().clone())),
             device: device.clone(),
@@ -171,6 +178,7 @@ impl<B: BackendIr> DtrClient<B> {
             views: st.views,
             uploads: st.uploads,
             non_recomputable: st.non_recomputable,
+            last_iteration: st.last_iteration.clone(),
         }
     }
 
@@ -235,6 +243,31 @@ impl<B: BackendIr> DtrClient<B> {
     }
 }
 
+impl<B: BackendIr> DtrClient<B> {
+    /// End a training step (after [`DtrClient::seal`]): the runtime's iteration
+    /// boundary. The step just run is recorded; from the step after the next,
+    /// when steps repeat, they follow a plan made from the one before (see
+    /// [`remat_dtr::Runtime::end_iteration`]). A failure poisons the device
+    /// like a failed seal.
+    pub fn end_iteration(&self) -> Result<IterationReport> {
+        let mut st = self.lock();
+        if let Some(e) = &st.error {
+            return Err(Error::Poisoned(e.to_string()));
+        }
+        match st.rt.end_iteration() {
+            Ok(r) => {
+                st.last_iteration = Some(r.clone());
+                Ok(r)
+            }
+            Err(e) => {
+                let message = format!("end of iteration failed: {e}");
+                st.poison(e.into());
+                Err(Error::Poisoned(message))
+            }
+        }
+    }
+}
+
 impl<B: BackendIr> State<B> {
     fn seal(&mut self) -> Result<usize> {
         let st = self;
@@ -249,11 +282,13 @@ impl<B: BackendIr> State<B> {
         }
         // Resident storages first: rooting them needs no memory and frees the
         // lineage that only they kept, which leaves room to regenerate the rest.
+        // Then in creation order, the same in every step (slab indices are
+        // not), so that the seal's calls repeat and a plan can be followed.
         let mut order = Vec::with_capacity(groups.len());
         for (t, ids) in groups {
-            order.push((!st.rt.is_resident(t)?, t.index(), t, ids));
+            order.push((!st.rt.is_resident(t)?, st.rt.creation_rank(t)?, t, ids));
         }
-        order.sort_unstable_by_key(|(evicted, index, ..)| (*evicted, *index));
+        order.sort_unstable_by_key(|(evicted, key, ..)| (*evicted, *key));
         let n = order.len();
         for (_, _, t, ids) in order {
             st.rt.make_root(t)?;

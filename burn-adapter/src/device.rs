@@ -160,6 +160,12 @@ impl<B: BackendIr> DtrDevice<B> {
         get_client::<DtrChannel<B>>(self).seal()
     }
 
+    /// End a training step (see [`DtrClient::end_iteration`](crate::DtrClient::end_iteration));
+    /// [`Sealing`](crate::Sealing) calls it after each optimizer step, after the seal.
+    pub fn end_iteration(&self) -> Result<remat_dtr::IterationReport> {
+        get_client::<DtrChannel<B>>(self).end_iteration()
+    }
+
     /// Evict every resident storage that can be evicted; returns how many were.
     pub fn evict_all(&self) -> Result<usize> {
         get_client::<DtrChannel<B>>(self).evict_all()

@@ -16,6 +16,12 @@
 //! # let _ = optim; }
 //! ```
 //!
+//! After the seal, `Sealing` ends the runtime's iteration
+//! ([`DtrDevice::end_iteration`]): each step is recorded, and once steps repeat
+//! each one follows a plan made from the step before (plan-ahead DTR, see
+//! `remat_dtr::planner`); `DtrDevice::stats().last_iteration` says whether the
+//! last step did.
+//!
 //! A seal that fails (for instance with an impossible budget while an evicted
 //! live tensor is regenerated) poisons the device like any op error: the next
 //! read or sync returns it, and [`DtrDevice::take_error`] gives the typed error.
@@ -60,7 +66,11 @@ impl<O, BI: BackendIr> Sealing<O, BI> {
         self.seals += 1;
         // A failure poisons the device with the typed error (see the module
         // doc): `step` has no error channel, the next read or sync reports it.
-        let _ = self.device.seal();
+        // The step's end is the runtime's iteration boundary: once steps
+        // repeat, each follows a plan made from the one before.
+        if self.device.seal().is_ok() {
+            let _ = self.device.end_iteration();
+        }
     }
 }
 

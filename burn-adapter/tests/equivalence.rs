@@ -10,7 +10,7 @@ use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
 use burn_tensor::{Distribution, Int, Tensor, TensorData};
-use model::{adam, param_bits, train, Dims, TinyNet, Trace};
+use model::{adam, param_bits, train, train_batches, Dims, TinyNet, Trace};
 use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
 
@@ -120,8 +120,60 @@ fn training_is_bit_identical_at_100_50_30_percent() {
             );
         }
         eprintln!("{percent} %: {}", stats.runtime);
+        // Sealing ends an iteration after each step: the first two run online
+        // (the first creates Adam's state), the third follows a plan.
+        let last = stats
+            .last_iteration
+            .as_ref()
+            .expect("Sealing ends iterations");
+        assert!(
+            last.planned,
+            "{percent} %: the last step ran online: {last:?}"
+        );
+        assert_eq!(last.divergences, 0, "{percent} %: {last:?}");
+        assert_eq!(stats.runtime.iterations, STEPS as u64);
         device.check_invariants().expect("invariants");
     }
+}
+
+/// A step with another batch size leaves the plan made from the step before
+/// (a divergence), runs online, stays bit-identical, and later steps are
+/// planned again.
+#[test]
+fn a_step_with_another_batch_shape_falls_back_and_stays_identical() {
+    let d = Dims::tiny();
+    let steps = 8;
+    let batch_of = |step: usize| if step == 4 { d.batch / 2 } else { d.batch };
+    let device = NdArrayDevice::Cpu;
+    let (model, _) = {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        Ref::seed(&device, 7);
+        let model = TinyNet::<Ref>::new(&d, &device);
+        let init = param_bits(&model);
+        (model, init)
+    };
+    let reference = train_batches(model, &d, steps, false, &device, adam(), batch_of);
+
+    let peak = {
+        let unbounded = dtr_device(None);
+        let _ = ours(&d, &unbounded);
+        unbounded.stats().memory.peak_allocated
+    };
+    let dtr = dtr_device(Some(peak / 2));
+    let model = {
+        let _g = RNG.lock().unwrap_or_else(|e| e.into_inner());
+        Ours::seed(&dtr, 7);
+        TinyNet::<Ours>::new(&d, &dtr)
+    };
+    let optim = Sealing::new(adam(), &dtr);
+    let run = train_batches(model, &d, steps, false, &dtr, optim, batch_of);
+    assert!(dtr.take_error().is_none());
+    assert_eq!(run.losses, reference.losses, "losses differ");
+    assert_eq!(run.params, reference.params, "parameters differ");
+    let stats = dtr.stats();
+    assert!(stats.runtime.divergences >= 1, "{:?}", stats.runtime);
+    let last = stats.last_iteration.expect("Sealing ends iterations");
+    assert!(last.planned && last.divergences == 0, "{last:?}");
 }
 
 #[test]

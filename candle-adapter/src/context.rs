@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use candle_core::{Tensor, Var};
 use remat_dtr::{
-    make_policy, BudgetMode, DtrConfig, MemoryUsage, PhysicalBudget, Runtime, RuntimeStats,
-    TensorId,
+    make_policy, BudgetMode, DtrConfig, IterationReport, MemoryUsage, PhysicalBudget, Runtime,
+    RuntimeStats, TensorId,
 };
 
 use crate::cell::{tensor_bytes, Cell};
@@ -385,6 +385,22 @@ impl Remat {
         let id = rt.put(Cell::external(t.detach()), tensor_bytes(&t))?;
         drop(rt);
         Ok(RTensor::from_parts(t, id, self.inner.clone()))
+    }
+
+    /// End a training step: call it after the optimizer step, once per step.
+    ///
+    /// - Activations the step left evicted become stale: the optimizer may have
+    ///   changed the weights they were computed from, so reading one afterwards
+    ///   is a typed error (`remat_dtr::Error::StaleValue`), never a silent
+    ///   recompute from updated weights. What the step left resident stays
+    ///   readable. Read losses and metrics before calling it.
+    /// - With a budget, the step is recorded; once steps repeat, each follows a
+    ///   plan made from the step before (plan-ahead DTR: evictions chosen
+    ///   knowing the step's future, every allocation placed in one arena). A
+    ///   step that differs (another shape, another branch) runs online and is
+    ///   planned again. The report says whether the step followed a plan.
+    pub fn end_iteration(&self) -> Result<IterationReport> {
+        Ok(self.inner.lock()?.end_iteration()?)
     }
 
     /// Release handles dropped while the runtime was busy.

@@ -83,4 +83,10 @@ pub use cell::Cell;
 pub use context::{Budget, CostModel, Remat, RematConfig};
 pub use device::{is_device_oom, DeviceMemory};
 pub use error::{Error, Result};
+/// The runtime's figures and settings, re-exported so that a user of this crate
+/// needs no direct dependency on `remat-dtr` to read them.
+pub use remat_dtr::{
+    BudgetMode, DtrConfig, IterationReport, MemoryUsage, PlanStatus, PlanSummary, PolicyKind,
+    RuntimeStats,
+};
 pub use tensor::{dropout_mask, Pinned, RTensor};

@@ -110,4 +110,4 @@ pub use policy::{make_policy, DecisionView, EvictionPolicy, Request};
 pub use record::{Boundary, Event, Recording, Ref};
 pub use remat_alloc::AllocatorConfig;
 pub use runtime::Runtime;
-pub use stats::{IterationReport, PlanSummary, RuntimeStats};
+pub use stats::{IterationReport, PlanStatus, PlanSummary, RuntimeStats};

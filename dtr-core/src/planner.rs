@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `learned:next-use` | e* / (bytes · time to its next direct read in the recording) |
 //! | `learned:dead` | remat's score, with storages the recording never reads again free |
-//! | `remat` | remat's default policy (no future) |
+//! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
 //!
 //! Each simulation runs under a *logical* budget B' and logs its allocations
@@ -59,6 +59,7 @@ const GREEDY_MAX_REQUESTS: usize = 20_000;
 #[derive(Debug, Clone, Copy)]
 enum Entry {
     Learned(OracleKind, EStar),
+    Configured,
     Online(PolicyKind, bool),
 }
 
@@ -75,7 +76,9 @@ const PORTFOLIO: [(&str, Entry); 5] = [
         "learned:dead",
         Entry::Learned(OracleKind::Dead, EStar::UnionFind),
     ),
-    ("remat", Entry::Online(PolicyKind::Remat, true)),
+    // The configured online policy, with the configured sampling: a plan can
+    // always at least repeat what the online runtime does.
+    ("online", Entry::Configured),
     ("dtr-full", Entry::Online(PolicyKind::Dtr, false)),
 ];
 
@@ -218,10 +221,9 @@ impl Planner<'_> {
                 let (offsets, arena) = placement(&sim.requests);
                 (offsets, arena, b, "placed")
             }
-            Placement::Logical(b) => {
-                let live = remat_alloc::plan::max_live_bytes(&sim.requests);
-                (vec![0; sim.requests.len()], live, b, "logical")
-            }
+            // Logical budgets count bytes as requested: the simulation's own
+            // peak is what must fit.
+            Placement::Logical(b) => (vec![0; sim.requests.len()], sim.peak, b, "logical"),
         };
         tracing::debug!(target: "remat_dtr::plan", entry = name, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
         if arena > self.budget {
@@ -236,7 +238,10 @@ impl Planner<'_> {
                 sizes: sim.requests.iter().map(|r| r.size).collect(),
                 arena_bytes: arena,
                 simulated_budget,
-                policy: format!("{name}/{mode}"),
+                policy: match entry {
+                    Entry::Configured => format!("{}/{mode}", self.config.policy.name()),
+                    _ => format!("{name}/{mode}"),
+                },
                 total_ns: sim.total_ns,
                 compute_ns: self.rec.compute_ns() as f64,
                 plan_ms: 0.0,
@@ -297,6 +302,8 @@ fn placement(requests: &[PlanRequest]) -> (Vec<u64>, u64) {
 /// What one simulation produced.
 struct Simulation {
     total_ns: f64,
+    /// Peak bytes allocated in the simulation's memory model.
+    peak: u64,
     /// Where the simulation's own memory model put each allocation (0 without
     /// addresses).
     offsets: Vec<u64>,
@@ -409,6 +416,7 @@ fn simulate(
     };
     let (kind, sampling) = match entry {
         Entry::Online(kind, sampling) => (kind, sampling),
+        Entry::Configured => (config.policy, config.sampling),
         Entry::Learned(..) => (config.policy, false),
     };
     let sim_config = config
@@ -422,6 +430,7 @@ fn simulate(
     let policy: Box<dyn EvictionPolicy> = match entry {
         Entry::Learned(k, e) => Box::new(oracle::learned(k, future.clone(), e)),
         Entry::Online(k, _) => make_policy(k, &sim_config),
+        Entry::Configured => make_policy(config.policy, &sim_config),
     };
     let log = Arc::new(Mutex::new(AllocLog::default()));
     let inner: Box<dyn MemoryModel> = match how {
@@ -442,6 +451,7 @@ fn simulate(
         }
     }
     let total_ns = rt.stats().total_compute_ns();
+    let peak = rt.memory_usage().peak_allocated;
     let steps = rt.take_plan_log();
     drop(rt);
     let mut log = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
@@ -456,6 +466,7 @@ fn simulate(
         steps,
         requests: log.requests,
         offsets: log.offsets,
+        peak,
     }))
 }
 

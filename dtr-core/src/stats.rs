@@ -124,6 +124,48 @@ pub struct IterationReport {
     pub arena_bytes: Option<u64>,
     /// The plan adopted for the next iteration (`None`: it runs online).
     pub next_plan: Option<PlanSummary>,
+    /// What happened to planning at this boundary, and why when no plan was
+    /// adopted.
+    pub planning: PlanStatus,
+}
+
+/// What [`crate::Runtime::end_iteration`] did about the next iteration's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanStatus {
+    /// Plan-ahead is off: no budget, a byte threshold, or `plan_ahead:off`.
+    Off,
+    /// Nothing was recorded (the iteration made no call, or made more than a
+    /// recording holds).
+    NotRecorded,
+    /// A call of the iteration failed: its recording is no program to repeat.
+    CallFailed,
+    /// The next iteration starts from a different state (other resident sizes
+    /// or tensors) than the recorded one did: typically the first step, which
+    /// creates optimizer state. The next boundary plans.
+    StartDiffers,
+    /// The iteration followed its plan exactly; the plan stands.
+    Kept,
+    /// A new plan was made.
+    Planned,
+    /// No simulated schedule both fits the budget and costs no more than the
+    /// recorded iteration did; the next iteration runs online.
+    NoPlan,
+}
+
+impl PlanStatus {
+    /// A short name for reports (`off`, `not-recorded`, `call-failed`,
+    /// `start-differs`, `kept`, `planned`, `no-plan`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanStatus::Off => "off",
+            PlanStatus::NotRecorded => "not-recorded",
+            PlanStatus::CallFailed => "call-failed",
+            PlanStatus::StartDiffers => "start-differs",
+            PlanStatus::Kept => "kept",
+            PlanStatus::Planned => "planned",
+            PlanStatus::NoPlan => "no-plan",
+        }
+    }
 }
 
 impl IterationReport {

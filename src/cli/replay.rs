@@ -146,6 +146,7 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
             "planned": it.planned,
             "divergences": it.divergences,
             "arena_bytes": it.arena_bytes,
+            "planning": it.planning.map(|p| p.name()),
             "next_plan": it.next_plan.as_ref().map(|p| serde_json::json!({
                 "policy": p.policy,
                 "overhead": p.overhead,

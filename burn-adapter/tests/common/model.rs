@@ -208,17 +208,35 @@ pub fn adam<B: AutodiffBackend>() -> impl Optimizer<TinyNet<B>, B> {
 /// when `record_grads`). The DTR runs wrap Adam in `remat_burn::Sealing`, which
 /// seals their device after each step; the training loop is the same.
 pub fn train<B: AutodiffBackend, O: Optimizer<TinyNet<B>, B>>(
+    model: TinyNet<B>,
+    d: &Dims,
+    steps: usize,
+    record_grads: bool,
+    device: &B::Device,
+    optim: O,
+) -> Trace {
+    train_batches(model, d, steps, record_grads, device, optim, |_| d.batch)
+}
+
+/// [`train`] with the batch size of each step given by `batch_of(step)` (a
+/// shape that changes between steps).
+pub fn train_batches<B: AutodiffBackend, O: Optimizer<TinyNet<B>, B>>(
     mut model: TinyNet<B>,
     d: &Dims,
     steps: usize,
     record_grads: bool,
     device: &B::Device,
     mut optim: O,
+    batch_of: impl Fn(usize) -> usize,
 ) -> Trace {
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut trace = Trace::default();
     for step in 0..steps {
-        let (tokens, labels) = batch::<B>(d, step, device);
+        let dims = Dims {
+            batch: batch_of(step),
+            ..*d
+        };
+        let (tokens, labels) = batch::<B>(&dims, step, device);
         let logits = model.forward(tokens);
         let loss = loss_fn.forward(logits, labels);
         let loss_bits = bits(loss.clone().into_data());

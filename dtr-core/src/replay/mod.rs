@@ -203,6 +203,9 @@ pub struct IterationRow {
     pub arena_bytes: Option<u64>,
     /// The plan made at its end for the next iteration, if any.
     pub next_plan: Option<crate::stats::PlanSummary>,
+    /// What planning did at its end (`None`: the last iteration of a run, or
+    /// one that failed).
+    pub planning: Option<crate::stats::PlanStatus>,
 }
 
 /// A replay failure that is not a budget outcome (a malformed trace, a bug).
@@ -564,6 +567,7 @@ fn drive(
             divergences: (s.divergences - at_start.divergences) as u32,
             arena_bytes: rt.current_plan().map(|p| p.arena_bytes),
             next_plan: None,
+            planning: None,
         };
         if status != ReplayStatus::Ok || opts.iterations == 1 {
             rows.push(row);
@@ -582,6 +586,7 @@ fn drive(
         }
         let report = rt.end_iteration()?;
         row.next_plan = report.next_plan;
+        row.planning = Some(report.planning);
         rows.push(row);
     }
     let stats = rt.stats().clone();

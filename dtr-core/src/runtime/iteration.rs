@@ -29,7 +29,7 @@ use crate::graph::NONE;
 use crate::ids::{StorageId, TensorId};
 use crate::memory::{MemoryModel, Slot};
 use crate::record::{Boundary, Event, Recording, Ref};
-use crate::stats::{IterationReport, RuntimeStats};
+use crate::stats::{IterationReport, PlanStatus, RuntimeStats};
 
 /// Events one recording may hold; a longer iteration is not recorded (and not
 /// planned) rather than grow without bound when `end_iteration` is never called.
@@ -75,6 +75,8 @@ pub(crate) struct IterationState {
     pub start_stats: RuntimeStats,
     /// Divergences this iteration.
     pub divergences: u32,
+    /// Peak allocated and reserved bytes of memory models replaced so far.
+    pub retired_peaks: (u64, u64),
     /// An allocation failed with a large share of the budget free but in
     /// pieces (see [`Runtime::note_fragmentation`]).
     pub fragmented: bool,
@@ -259,37 +261,55 @@ impl<V> Runtime<V> {
 
     /// The live state as sizes, and the resident storages in the same order.
     ///
-    /// Canonical order, stable while the same tensors live on (their storages may
-    /// change with in-place updates): live tensors by tensor index; resident
-    /// storages by their first tensor in that order, then the storages no tensor
-    /// names (released but still read), by size.
+    /// Canonical order, the same in every iteration of a repeated program
+    /// whichever slab slots its tensors took: resident storages by creation
+    /// (iteration, then sequence number within it); live tensors by their
+    /// storage in that order (evicted ones after, by creation too), then by
+    /// tensor index. Frameworks whose optimizers make new parameter tensors
+    /// each step (Burn) and those that keep them (Candle) both repeat it.
     fn boundary(&self) -> (Boundary, Vec<StorageId>) {
-        let mut position: AHashMap<u32, u32> = AHashMap::new();
-        let mut order = Vec::new();
-        let mut tensors = Vec::new();
-        for (_, t) in self.tensors.iter() {
-            let s = t.storage;
-            let pos = if self.graph.st(s).is_resident() {
-                Some(*position.entry(s.0).or_insert_with(|| {
-                    order.push(s);
-                    order.len() as u32 - 1
-                }))
-            } else {
-                None
-            };
-            tensors.push((pos, t.refs));
-        }
-        let mut unnamed: Vec<(u64, u32)> = self
+        let key = |s: StorageId| {
+            let r = self.graph.st(s);
+            (!r.is_resident(), r.epoch, r.seq, s.0)
+        };
+        let mut order: Vec<StorageId> = self
             .graph
             .storages
             .iter()
-            .filter(|(i, r)| r.is_resident() && !position.contains_key(i))
-            .map(|(i, r)| (r.bytes, i))
+            .filter(|(_, r)| r.is_resident())
+            .map(|(i, _)| StorageId(i))
             .collect();
-        unnamed.sort_unstable();
-        order.extend(unnamed.into_iter().map(|(_, i)| StorageId(i)));
+        order.sort_unstable_by_key(|&s| key(s));
+        let position: AHashMap<u32, u32> = order
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (s.0, k as u32))
+            .collect();
+        let mut live: Vec<(u32, &super::TensorRec)> = self.tensors.iter().collect();
+        live.sort_unstable_by_key(|&(i, t)| (key(t.storage), i));
+        let tensors = live
+            .iter()
+            .map(|(_, t)| (position.get(&t.storage.0).copied(), t.refs))
+            .collect();
         let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
         (Boundary { storages, tensors }, order)
+    }
+
+    /// Live tensors in [`Runtime::boundary`]'s order.
+    fn boundary_tensors(&self) -> Vec<TensorId> {
+        let key = |s: StorageId| {
+            let r = self.graph.st(s);
+            (!r.is_resident(), r.epoch, r.seq, s.0)
+        };
+        let mut live: Vec<(u32, StorageId)> =
+            self.tensors.iter().map(|(i, t)| (i, t.storage)).collect();
+        live.sort_unstable_by_key(|&(i, s)| (key(s), i));
+        live.into_iter()
+            .map(|(i, _)| TensorId {
+                index: i,
+                generation: self.generations[i as usize],
+            })
+            .collect()
     }
 
     /// End the current training iteration (call it after the optimizer step).
@@ -320,6 +340,7 @@ impl<V> Runtime<V> {
             rematerializations: self.stats.rematerializations - s0.rematerializations,
             arena_bytes: self.iter.plan.as_ref().map(|p| p.arena_bytes),
             next_plan: None,
+            planning: PlanStatus::Off,
         };
         // Freeze what stays resident; what is evicted becomes stale (epoch).
         let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
@@ -335,21 +356,34 @@ impl<V> Runtime<V> {
         let recorded = self.iter.recording.take();
         let previous = self.iter.plan.take();
         let mut next = None;
-        if let Some(rec) = recorded.filter(|r| {
-            self.iter.enabled && !self.iter.broken && r.start == boundary && !r.events.is_empty()
-        }) {
-            let clean = self.iter.divergences == 0;
-            next = match previous {
+        report.planning = match recorded {
+            _ if !self.iter.enabled => PlanStatus::Off,
+            None => PlanStatus::NotRecorded,
+            Some(_) if self.iter.broken => PlanStatus::CallFailed,
+            Some(r) if r.events.is_empty() => PlanStatus::NotRecorded,
+            Some(r) if r.start != boundary => PlanStatus::StartDiffers,
+            Some(rec) => match previous {
                 // The iteration repeated its plan exactly: the plan stands.
-                Some(p) if clean && p.start == boundary && p.events.len() == rec.events.len() => {
-                    Some(p)
+                Some(p)
+                    if self.iter.divergences == 0
+                        && p.start == boundary
+                        && p.events.len() == rec.events.len() =>
+                {
+                    next = Some(p);
+                    PlanStatus::Kept
                 }
                 _ => {
                     let measured = report.compute_ns + report.remat_ns;
-                    crate::planner::plan_iteration(&rec, &self.config, measured)?.map(Arc::new)
+                    next =
+                        crate::planner::plan_iteration(&rec, &self.config, measured)?.map(Arc::new);
+                    if next.is_some() {
+                        PlanStatus::Planned
+                    } else {
+                        PlanStatus::NoPlan
+                    }
                 }
-            };
-        }
+            },
+        };
         report.next_plan = next.as_deref().map(Into::into);
         if let Some(plan) = &next {
             self.adopt(plan, &residents)?;
@@ -374,20 +408,7 @@ impl<V> Runtime<V> {
         }
         self.iter.refs.clear();
         if self.tracking() {
-            let live: Vec<(u32, TensorId)> = self
-                .tensors
-                .iter()
-                .map(|(i, _)| {
-                    (
-                        i,
-                        TensorId {
-                            index: i,
-                            generation: self.generations[i as usize],
-                        },
-                    )
-                })
-                .collect();
-            for (k, (_, t)) in live.into_iter().enumerate() {
+            for (k, t) in self.boundary_tensors().into_iter().enumerate() {
                 self.iter.refs.insert(t, Ref::Prefix(k as u32));
             }
         }
@@ -417,7 +438,7 @@ impl<V> Runtime<V> {
             }
             self.graph.st_mut(s).slot = Some(slot);
         }
-        self.memory = Box::new(arena);
+        self.replace_memory(Box::new(arena));
         Ok(())
     }
 
@@ -475,7 +496,7 @@ impl<V> Runtime<V> {
             }
             self.graph.st_mut(s).slot = Some(slot);
         }
-        self.memory = Box::new(arena);
+        self.replace_memory(Box::new(arena));
         self.stats.defragmentations += 1;
         tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
         Ok(())
@@ -519,6 +540,15 @@ impl<V> Runtime<V> {
         }
         self.stats.defragmentations += 1;
         Ok(true)
+    }
+
+    /// Swap the memory model, keeping the old one's peaks for
+    /// [`Runtime::memory_usage`].
+    fn replace_memory(&mut self, memory: Box<dyn MemoryModel>) {
+        let u = self.memory.usage();
+        let (a, r) = self.iter.retired_peaks;
+        self.iter.retired_peaks = (a.max(u.peak_allocated), r.max(u.peak_reserved));
+        self.memory = memory;
     }
 
     /// Start numbering calls, storages and allocations afresh without ending an

@@ -180,7 +180,12 @@ impl<V> Runtime<V> {
 
     /// The memory model's figures.
     pub fn memory_usage(&self) -> MemoryUsage {
-        self.memory.usage()
+        let mut u = self.memory.usage();
+        // Peaks of the memory models this one replaced (a plan's arena, a
+        // defragmenting arena) count too.
+        u.peak_allocated = u.peak_allocated.max(self.iter.retired_peaks.0);
+        u.peak_reserved = u.peak_reserved.max(self.iter.retired_peaks.1);
+        u
     }
 
     /// The memory model.
@@ -261,6 +266,16 @@ impl<V> Runtime<V> {
     /// Whether `t`'s storage is resident.
     pub fn is_resident(&self, t: TensorId) -> Result<bool> {
         Ok(self.graph.st(self.tensor(t)?.storage).is_resident())
+    }
+
+    /// A key that orders tensors by when their storages were made (iteration,
+    /// then creation order within it). Unlike [`TensorId::index`] (slab slots
+    /// are reused), a repeated program gives its tensors the same keys in every
+    /// iteration: adapters that visit many tensors at once (a seal) sort by it so
+    /// that their calls repeat, and a plan can be followed.
+    pub fn creation_rank(&self, t: TensorId) -> Result<(u32, u32)> {
+        let r = self.graph.st(self.tensor(t)?.storage);
+        Ok((r.epoch, r.seq))
     }
 
     /// Bytes of `t`'s storage.
