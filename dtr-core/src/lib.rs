@@ -27,7 +27,11 @@
 //!
 //! | module | what it owns |
 //! |---|---|
-//! | [`runtime`] | [`Runtime`]: the interpreter primitives, fake/real delete, regeneration, eviction loop, invariants |
+//! | [`runtime`] | [`Runtime`]: the interpreter primitives, fake/real delete, regeneration, eviction loop, invariants; `runtime/iteration.rs`: iteration boundaries, the recorder's and executor's hooks |
+//! | [`record`] | the recorder's format: [`Event`]s of one iteration, [`Ref`] names, the [`Boundary`] it starts from |
+//! | [`planner`] | plan-ahead: replay a [`Recording`] offline under the budget with a portfolio, place the winner in one arena |
+//! | [`execute`] | the plan the executor follows: [`IterationPlan`], its eviction steps and offsets |
+//! | [`arena`] | [`ArenaMemory`]: one flat arena (planned offsets, best fit after a divergence, compaction) |
 //! | [`op`] | [`OpHandle`] (recompute from input storages), [`FnOp`], [`OutputSpec`] (fresh / view) |
 //! | [`memory`] | [`MemoryModel`], [`LogicalBudget`], [`Slot`], [`BlockView`] |
 //! | [`physical`] | [`PhysicalBudget`] over remat-alloc's caching allocator |
@@ -73,8 +77,30 @@
 //! it) is also available. When no eviction can make room, the runtime returns
 //! [`Error::ImpossibleBudget`] with the figures — never a hang.
 //!
+//! ## Plan-ahead: training repeats its iteration
+//!
+//! Call [`Runtime::end_iteration`] after each training step. The runtime records
+//! every step ([`record`]); at a boundary where the next step starts from the
+//! same state, the [`planner`] replays the recording offline under the budget —
+//! knowing its future — and picks the cheapest schedule whose allocations fit one
+//! arena; the next step then follows it ([`execute`]): planned evictions at their
+//! planned allocations, every allocation at its planned offset in an
+//! [`ArenaMemory`]. A step that differs (another shape, another branch) leaves the
+//! plan at its first differing call and runs online; it is recorded as it ran
+//! and planned again. Values stay bit-identical on both paths: the plan only
+//! decides *what* to evict and *where* to place, never what an op computes.
+//!
+//! The online and planned paths share the same records: the recorder runs in
+//! both, the planner drives the same `Runtime` code over `()` values, and the
+//! executor's steps name storages by the sequence numbers both paths assign. The
+//! module arrows go one way: `record` ← `execute` ← `planner`, and the runtime
+//! uses all three.
+//!
+//! After a boundary, a value the ended step left evicted is stale: reading it is
+//! [`Error::StaleValue`], never a recompute from weights an optimizer has changed.
+//!
 //! Events: `tracing` targets `remat_dtr::evict`, `remat_dtr::remat`,
-//! `remat_dtr::oom`.
+//! `remat_dtr::oom`, `remat_dtr::plan`.
 
 pub mod arena;
 pub mod config;
