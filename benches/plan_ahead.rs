@@ -37,7 +37,7 @@ impl OpHandle<()> for Update {
 }
 
 /// One step; returns the number of runtime calls it made.
-fn step(rt: &mut Runtime<()>, weights: &[TensorId], ops: &[Arc<dyn OpHandle<()>>; 3]) -> u64 {
+fn step(rt: &mut Runtime<()>, weights: &[TensorId], ops: &Ops) -> u64 {
     let [fwd, bwd, upd] = ops;
     let mut calls = 0u64;
     let x = rt.put((), ACT).expect("put");
@@ -83,7 +83,10 @@ fn step(rt: &mut Runtime<()>, weights: &[TensorId], ops: &[Arc<dyn OpHandle<()>>
     calls
 }
 
-fn runtime(config: DtrConfig) -> (Runtime<()>, Vec<TensorId>, [Arc<dyn OpHandle<()>>; 3]) {
+/// The forward, backward and update ops of a step.
+type Ops = [Arc<dyn OpHandle<()>>; 3];
+
+fn runtime(config: DtrConfig) -> (Runtime<()>, Vec<TensorId>, Ops) {
     let mut rt: Runtime<()> = Runtime::new(config).expect("runtime");
     let weights = (0..LAYERS)
         .map(|_| rt.put((), 64 << 10).expect("weight"))
