@@ -85,6 +85,20 @@ pub(crate) struct IterationState {
     pub stable_order: bool,
 }
 
+impl IterationState {
+    /// The sequence number of the next storage; [`NONE`] past [`MAX_EVENTS`]
+    /// storages in one iteration (a run that never calls `end_iteration` must not
+    /// grow this table without bound; such storages are never named by a plan).
+    pub(super) fn next_seq(&self) -> u32 {
+        let n = self.seq_storages.len();
+        if n < MAX_EVENTS {
+            n as u32
+        } else {
+            NONE
+        }
+    }
+}
+
 impl<V> Runtime<V> {
     pub(super) fn with_recording(mut self) -> Self {
         self.iter.enabled = self.config.plan_ahead

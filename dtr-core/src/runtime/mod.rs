@@ -756,11 +756,13 @@ impl<V> Runtime<V> {
             recomputable: recomputable && producer.is_some(),
             cost,
             stamp: 0,
-            seq: self.iter.seq_storages.len() as u32,
+            seq: self.iter.next_seq(),
             epoch: self.iter.epoch,
         });
         let s = StorageId(idx);
-        self.iter.seq_storages.push(s);
+        if self.graph.st(s).seq != NONE {
+            self.iter.seq_storages.push(s);
+        }
         if let (Some(ptr), true) = (ptr, self.memory.has_addresses()) {
             self.by_ptr.insert(ptr, s);
         }
