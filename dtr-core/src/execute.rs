@@ -1,5 +1,5 @@
 //! The plan executor's data: an [`IterationPlan`] (what the planner hands the
-//! runtime) and the [`Cursor`] that walks it while the next iteration runs.
+//! runtime) and the cursor that walks it while the next iteration runs.
 //!
 //! Following a plan, the runtime (see `Runtime::make_room`) does at allocation
 //! `n` of the iteration exactly what the plan's simulation did: evict the
