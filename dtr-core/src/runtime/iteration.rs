@@ -273,7 +273,8 @@ impl<V> Runtime<V> {
         }
     }
 
-    /// The live state as sizes, and the resident storages in the same order.
+    /// The live state as sizes, with the resident storages and the live
+    /// tensors in the same order.
     ///
     /// Canonical order, the same in every iteration of a repeated program
     /// whichever slab slots its tensors took: resident storages by creation
@@ -281,7 +282,7 @@ impl<V> Runtime<V> {
     /// storage in that order (evicted ones after, by creation too), then by
     /// tensor index. Frameworks whose optimizers make new parameter tensors
     /// each step (Burn) and those that keep them (Candle) both repeat it.
-    fn boundary(&self) -> (Boundary, Vec<StorageId>) {
+    fn boundary(&self) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
         let key = |s: StorageId| {
             let r = self.graph.st(s);
             (!r.is_resident(), r.epoch, r.seq, s.0)
@@ -305,25 +306,15 @@ impl<V> Runtime<V> {
             .iter()
             .map(|(_, t)| (position.get(&t.storage.0).copied(), t.refs))
             .collect();
-        let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
-        (Boundary { storages, tensors }, order)
-    }
-
-    /// Live tensors in [`Runtime::boundary`]'s order.
-    fn boundary_tensors(&self) -> Vec<TensorId> {
-        let key = |s: StorageId| {
-            let r = self.graph.st(s);
-            (!r.is_resident(), r.epoch, r.seq, s.0)
-        };
-        let mut live: Vec<(u32, StorageId)> =
-            self.tensors.iter().map(|(i, t)| (i, t.storage)).collect();
-        live.sort_unstable_by_key(|&(i, s)| (key(s), i));
-        live.into_iter()
-            .map(|(i, _)| TensorId {
+        let ids = live
+            .iter()
+            .map(|&(i, _)| TensorId {
                 index: i,
                 generation: self.generations[i as usize],
             })
-            .collect()
+            .collect();
+        let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
+        (Boundary { storages, tensors }, order, ids)
     }
 
     /// End the current training iteration (call it after the optimizer step).
@@ -366,7 +357,7 @@ impl<V> Runtime<V> {
             }
         }
         self.iter.epoch += 1;
-        let (boundary, residents) = self.boundary();
+        let (boundary, residents, live) = self.boundary();
         let recorded = self.iter.recording.take();
         let previous = self.iter.plan.take();
         let mut next = None;
@@ -422,7 +413,7 @@ impl<V> Runtime<V> {
         }
         self.iter.refs.clear();
         if self.tracking() {
-            for (k, t) in self.boundary_tensors().into_iter().enumerate() {
+            for (k, t) in live.into_iter().enumerate() {
                 self.iter.refs.insert(t, Ref::Prefix(k as u32));
             }
         }
