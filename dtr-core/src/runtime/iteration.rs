@@ -13,6 +13,11 @@
 //!   first call that differs from the recorded program, or a plan step that cannot
 //!   be taken, is a divergence: the rest of the iteration runs online.
 //!
+//! - **Rescue.** An online iteration under a physical budget whose allocator
+//!   fragments (a failed allocation with a fifth of the budget free) or that is
+//!   losing (replays past its computations) moves into a defragmenting arena at
+//!   its next op ([`Runtime::rescue_from_fragmentation`], [`Runtime::defragment`]).
+//!
 //! The online and planned paths share the same records: the recorder runs in
 //! both, so an iteration that diverged is recorded as it really ran and planned
 //! again at the next boundary.
