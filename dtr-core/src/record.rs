@@ -126,6 +126,14 @@ impl Event {
     }
 }
 
+/// Ops (applies and mutates) among `events`.
+pub fn op_count(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Apply { .. } | Event::Mutate { .. }))
+        .count()
+}
+
 /// The live state at an iteration boundary, as sizes only: what the next
 /// iteration starts with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -156,8 +164,6 @@ pub struct Recording {
     /// (op inputs, accessed and pinned tensors); storages that predate the
     /// iteration have none and are not listed.
     pub reads: Vec<Vec<u32>>,
-    /// Storages created during the iteration.
-    pub storages_created: u32,
 }
 
 impl Recording {
@@ -168,10 +174,7 @@ impl Recording {
 
     /// Ops (applies and mutates) in the recording.
     pub fn op_count(&self) -> usize {
-        self.events
-            .iter()
-            .filter(|e| matches!(e, Event::Apply { .. } | Event::Mutate { .. }))
-            .count()
+        op_count(&self.events)
     }
 }
 

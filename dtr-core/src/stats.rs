@@ -81,16 +81,7 @@ pub struct PlanSummary {
 
 impl From<&crate::execute::IterationPlan> for PlanSummary {
     fn from(p: &crate::execute::IterationPlan) -> Self {
-        let ops = p
-            .events
-            .iter()
-            .filter(|e| {
-                matches!(
-                    e,
-                    crate::record::Event::Apply { .. } | crate::record::Event::Mutate { .. }
-                )
-            })
-            .count();
+        let ops = crate::record::op_count(&p.events);
         Self {
             policy: p.policy.clone(),
             overhead: p.overhead(),

@@ -23,7 +23,7 @@ pub mod oracle;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ahash::AHashMap;
+use ahash::{AHashMap, AHashSet};
 use remat_trace::{Instruction, Trace};
 
 use crate::config::{BudgetMode, DtrConfig, PolicyKind};
@@ -302,7 +302,7 @@ fn drive(
     rt.record_decision_times(true);
     let bounded = opts.config.budget.is_some();
     let mut names: AHashMap<&str, TensorId> = AHashMap::new();
-    let mut constants: AHashMap<&str, ()> = AHashMap::new();
+    let mut constants: AHashSet<&str> = AHashSet::new();
     let mut ops: Vec<Arc<dyn OpHandle<()>>> = Vec::new();
     let mut timeline = Vec::new();
     let mut status = ReplayStatus::Ok;
@@ -352,7 +352,7 @@ fn drive(
                             if let Some(tr) = tracker.as_deref_mut() {
                                 tr.created(&rt, t);
                             }
-                            constants.insert(name.as_str(), ());
+                            constants.insert(name.as_str());
                             names.insert(name.as_str(), t);
                         })
                     }
@@ -576,7 +576,7 @@ fn drive(
         // The iteration's names die with it; constants persist.
         let mut dead: Vec<(&str, TensorId)> = names
             .iter()
-            .filter(|(n, _)| !constants.contains_key(*n))
+            .filter(|(n, _)| !constants.contains(*n))
             .map(|(n, t)| (*n, *t))
             .collect();
         dead.sort_unstable_by_key(|(n, _)| *n);

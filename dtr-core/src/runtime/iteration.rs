@@ -432,17 +432,27 @@ impl<V> Runtime<V> {
             return Ok(());
         }
         let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
-        let mut arena = ArenaMemory::new(capacity, plan.arena_bytes);
+        let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
+        self.move_into_arena(ArenaMemory::new(capacity, plan.arena_bytes), placed)
+    }
+
+    /// Move resident storages into `arena` at the given offsets (their slots in
+    /// the old memory model are freed) and make it the memory model.
+    fn move_into_arena(
+        &mut self,
+        mut arena: ArenaMemory,
+        placed: impl Iterator<Item = (StorageId, u64)>,
+    ) -> Result<()> {
         self.by_ptr.clear();
-        for (k, &s) in residents.iter().enumerate() {
+        for (s, offset) in placed {
             let old = self.graph.st_mut(s).slot.take();
             let bytes = self.graph.st(s).bytes;
             if let Some(old) = old {
                 self.memory.free(old).map_err(Error::Memory)?;
             }
             let slot = arena
-                .allocate_at(bytes, plan.offsets[k])
-                .map_err(|e| Error::Internal(format!("plan prefix does not fit: {e:?}")))?;
+                .allocate_at(bytes, offset)
+                .map_err(|e| Error::Internal(format!("arena layout does not fit: {e:?}")))?;
             if slot.size > 0 {
                 self.by_ptr.insert(slot.ptr, s);
             }
@@ -488,25 +498,17 @@ impl<V> Runtime<V> {
             .filter_map(|(i, r)| r.slot.as_ref().map(|sl| (sl.ptr, StorageId(i))))
             .collect();
         residents.sort_unstable();
-        let mut arena = ArenaMemory::new(capacity, 0);
-        self.by_ptr.clear();
+        // Packed in address order.
         let mut at = 0u64;
-        for (_, s) in residents {
-            let old = self.graph.st_mut(s).slot.take();
-            let bytes = self.graph.st(s).bytes;
-            if let Some(old) = old {
-                self.memory.free(old).map_err(Error::Memory)?;
-            }
-            let slot = arena
-                .allocate_at(bytes, at)
-                .map_err(|e| Error::Internal(format!("compact layout does not fit: {e:?}")))?;
-            at += slot.size;
-            if slot.size > 0 {
-                self.by_ptr.insert(slot.ptr, s);
-            }
-            self.graph.st_mut(s).slot = Some(slot);
-        }
-        self.replace_memory(Box::new(arena));
+        let placed: Vec<(StorageId, u64)> = residents
+            .into_iter()
+            .map(|(_, s)| {
+                let offset = at;
+                at += arena_size(self.graph.st(s).bytes);
+                (s, offset)
+            })
+            .collect();
+        self.move_into_arena(ArenaMemory::new(capacity, 0), placed.into_iter())?;
         self.stats.defragmentations += 1;
         tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
         Ok(())

@@ -1591,14 +1591,21 @@ impl<V> Runtime<V> {
     /// evicting (a dry run: benches, debugging). Advances the sampler. The slice
     /// lives until the next call that decides or evicts.
     pub fn decide(&mut self, bytes: u64) -> &[StorageId] {
-        let defragmenting = self.defragmenting();
-        self.fill_pool();
-        self.victims.clear();
         let request = Request {
             bytes,
             shape: Some(self.memory.shape(bytes)),
             free_bytes: self.memory.free_bytes(),
         };
+        self.choose_victims(request);
+        &self.victims
+    }
+
+    /// Fill the pool and let the policy put its victims for `request` in
+    /// `self.victims` (nothing is evicted).
+    fn choose_victims(&mut self, request: Request) {
+        let defragmenting = self.defragmenting();
+        self.fill_pool();
+        self.victims.clear();
         let mut view = DecisionView {
             graph: &mut self.graph,
             memory: &*self.memory,
@@ -1609,7 +1616,6 @@ impl<V> Runtime<V> {
             defragmenting,
         };
         self.policy.choose(&mut view, &mut self.victims);
-        &self.victims
     }
 
     /// One policy decision and its evictions. `false` when nothing is evictable.
@@ -1619,21 +1625,7 @@ impl<V> Runtime<V> {
             return Ok(false);
         }
         let start = Instant::now();
-        let defragmenting = self.defragmenting();
-        self.fill_pool();
-        self.victims.clear();
-        {
-            let mut view = DecisionView {
-                graph: &mut self.graph,
-                memory: &*self.memory,
-                pool: &self.pool,
-                pool_hot: &self.pool_hot,
-                by_ptr: &self.by_ptr,
-                request,
-                defragmenting,
-            };
-            self.policy.choose(&mut view, &mut self.victims);
-        }
+        self.choose_victims(request);
         let elapsed = start.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         self.stats.decisions += 1;
         if self.record_decisions {
