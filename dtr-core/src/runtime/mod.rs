@@ -382,22 +382,17 @@ impl<V> Runtime<V> {
                 OutputSpec::View { .. } => {}
             }
         }
-        if let Some(threshold) = self.config.threshold {
-            while self.stats.live_bytes > threshold {
-                let req = Request {
-                    bytes: 0,
-                    shape: None,
-                    free_bytes: self.memory.free_bytes(),
-                };
-                if !self.evict_some(req)? {
-                    break;
-                }
-            }
-        }
+        // Hold the inputs first, then apply the threshold: the threshold must
+        // not evict what this op reads (an adapter that ran the op already
+        // holds its values; evicting and regenerating them here would make a
+        // chain of n ops cost n(n-1)/2 rematerializations).
         let mut unique = in_storages.clone();
         self.creation_order(&mut unique);
         self.hold(&unique)?;
-        let result = self.place_and_compute(&op, &in_storages, &fresh, given);
+        let result = match self.evict_to_threshold() {
+            Ok(()) => self.place_and_compute(&op, &in_storages, &fresh, given),
+            Err(e) => Err(e),
+        };
         let now = self.graph.clock + cost_ns as f64;
         for &s in &unique {
             self.graph.st_mut(s).last_used = now;
@@ -1443,6 +1438,25 @@ impl<V> Runtime<V> {
     pub fn recover_from_device_oom(&mut self, hint: u64) -> Result<u64> {
         self.stats.device_oom_retries += 1;
         self.free_up(hint.max(1))
+    }
+
+    /// Threshold mode: evict while the resident bytes exceed the threshold (the
+    /// storages held by the op being placed are not candidates).
+    fn evict_to_threshold(&mut self) -> Result<()> {
+        let Some(threshold) = self.config.threshold else {
+            return Ok(());
+        };
+        while self.stats.live_bytes > threshold {
+            let req = Request {
+                bytes: 0,
+                shape: None,
+                free_bytes: self.memory.free_bytes(),
+            };
+            if !self.evict_some(req)? {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Set (or clear) the byte threshold: before each op, evict while resident
