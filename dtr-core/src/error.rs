@@ -69,9 +69,43 @@ impl fmt::Display for DeviceOutOfMemory {
     }
 }
 
+/// The reason an [`ImpossibleBudget`] names first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImpossibleCause {
+    /// The request alone is larger than the budget.
+    RequestExceedsBudget,
+    /// What must stay resident (pinned, not recomputable, below the minimum
+    /// evictee) plus the request exceed the budget: no placement of any
+    /// allocator can help; a larger budget or fewer pins can.
+    #[default]
+    WorkingSetExceedsBudget,
+    /// The working set fits the budget but the memory model cannot place the
+    /// request in one piece and cannot move its blocks (a planner simulation,
+    /// or a plan being followed).
+    Fragmentation,
+}
+
+impl ImpossibleCause {
+    /// Short name, as printed.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImpossibleCause::RequestExceedsBudget => "the request alone exceeds the budget",
+            ImpossibleCause::WorkingSetExceedsBudget => {
+                "what must stay resident plus the request exceed the budget"
+            }
+            ImpossibleCause::Fragmentation => {
+                "the free bytes would hold the request, but not in one piece"
+            }
+        }
+    }
+}
+
 /// Why no eviction can make room: all figures in bytes at the moment of failure.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ImpossibleBudget {
+    /// The reason, from the figures below (sizes rounded as the memory model
+    /// rounds them).
+    pub cause: ImpossibleCause,
     /// The request that could not be placed (as asked, before allocator rounding).
     pub needed: u64,
     /// The budget (capacity of the memory model).
@@ -100,10 +134,11 @@ impl fmt::Display for ImpossibleBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cannot place {} B under a budget of {} B: {} B resident ({} B evictable, {} B pinned, \
+            "cannot place {} B under a budget of {} B: {}; {} B resident ({} B evictable, {} B pinned, \
              {} B not recomputable, {} B below min_evictee_bytes), {} B free but fragmented",
             self.needed,
             self.budget,
+            self.cause.name(),
             self.resident,
             self.evictable,
             self.pinned,

@@ -38,7 +38,7 @@
 //! | [`policy`] | [`EvictionPolicy`], [`DecisionView`], score policies, Coop window, remat's default |
 //! | [`config`] | [`DtrConfig`], `REMAT_DTR_CONF` parsing, [`PolicyKind`], [`BudgetMode`] |
 //! | [`unionfind`] | the union-find over evicted storages (h_DTR^eq) |
-//! | [`error`] | [`Error`], [`ImpossibleBudget`], [`OpError`] |
+//! | [`error`] | [`Error`], [`ImpossibleBudget`], [`ImpossibleCause`], [`OpError`] |
 //! | [`stats`] | [`RuntimeStats`] |
 //! | [`replay`] | the trace replayer (DTR paper traces), sweeps, SVG charts |
 //! | `graph`, `ids`, `rng` (private/ids) | records and slabs, handles, the seeded sampler |
@@ -122,7 +122,7 @@ pub mod unionfind;
 
 pub use arena::ArenaMemory;
 pub use config::{BudgetMode, ConfigError, DtrConfig, MegEngineParams, PolicyKind};
-pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, OpError, Result};
+pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, ImpossibleCause, OpError, Result};
 pub use execute::IterationPlan;
 pub use graph::{Hot, Residency};
 pub use ids::{OpId, StorageId, TensorId};

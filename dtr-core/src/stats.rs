@@ -53,6 +53,11 @@ pub struct RuntimeStats {
     /// Bytes moved by defragmentation (device-to-device copies a real arena
     /// would make; not counted in the compute figures).
     pub defrag_bytes: u64,
+    /// Switches from the caching-allocator model to a compacting arena because
+    /// no eviction could place an allocation whose working set fits the budget
+    /// (segments larger than the budget, or pinned blocks scattered over
+    /// segments). At most one per runtime.
+    pub arena_fallbacks: u64,
     /// Iterations that left their plan (a call differed from the recorded
     /// iteration, or a plan step could not be taken).
     pub divergences: u64,

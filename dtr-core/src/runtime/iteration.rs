@@ -17,6 +17,10 @@
 //!   fragments (a failed allocation with a fifth of the budget free) or that is
 //!   losing (replays past its computations) moves into a defragmenting arena at
 //!   its next op ([`Runtime::rescue_from_fragmentation`], [`Runtime::defragment`]).
+//! - **Fallback.** Under a physical budget, an allocation that no eviction can
+//!   place while the working set fits the budget moves the runtime into the same
+//!   arena, plan-ahead or not ([`Runtime::fall_back_to_arena`]): the budget, not
+//!   PyTorch's segment sizes, is the floor.
 //!
 //! The online and planned paths share the same records: the recorder runs in
 //! both, so an iteration that diverged is recorded as it really ran and planned
@@ -465,12 +469,18 @@ impl<V> Runtime<V> {
     /// Whether this runtime may move blocks: plan-ahead on, not a planner
     /// simulation (its offsets become a plan), not following a plan.
     fn may_defragment(&self) -> bool {
-        self.iter.enabled && self.iter.plan_log.is_none() && !self.iter.following
+        self.iter.enabled && self.can_move()
+    }
+
+    /// Whether this runtime may move resident blocks at all: not a planner
+    /// simulation (its offsets become a plan), not following a plan.
+    fn can_move(&self) -> bool {
+        self.iter.plan_log.is_none() && !self.iter.following
     }
 
     /// Whether [`Runtime::defragment`] would move blocks of this memory.
     pub(super) fn defragmenting(&self) -> bool {
-        self.may_defragment() && self.memory.can_compact()
+        self.can_move() && self.memory.can_compact()
     }
 
     /// Called where no allocation is in flight (before an op places its
@@ -488,8 +498,60 @@ impl<V> Runtime<V> {
             return Ok(());
         }
         self.iter.fragmented = false;
+        if self.pack_into_arena()? {
+            tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
+        }
+        Ok(())
+    }
+
+    /// The last resort of an allocation under a physical budget: no eviction
+    /// can make room for `request` (the bytes of the allocations being placed
+    /// together), yet the storages that must stay resident and the request fit
+    /// the budget. The allocator's layout is then what fails (PyTorch's 2 MiB
+    /// and 20 MiB segments larger than the budget, or the few blocks that must
+    /// stay scattered over several segments), not the budget: the runtime lays
+    /// its storages out itself, in a compacting [`ArenaMemory`] of the budget,
+    /// for the rest of its life. `false` (nothing changed) when the working set
+    /// does not fit either, or in a model that cannot move.
+    ///
+    /// With this, every budget at or above the working set (each storage
+    /// rounded to [`crate::arena::ARENA_ALIGN`]) is feasible in the physical
+    /// mode too, whatever the size of the model.
+    pub(super) fn fall_back_to_arena(&mut self, request: &[u64]) -> Result<bool> {
+        if !self.can_move() || !self.memory.has_addresses() || self.memory.can_compact() {
+            return Ok(false);
+        }
         let Some(capacity) = self.memory.capacity() else {
-            return Ok(());
+            return Ok(false);
+        };
+        let resident: u64 = self
+            .graph
+            .storages
+            .iter()
+            .filter(|(_, r)| r.slot.is_some())
+            .map(|(_, r)| arena_size(r.bytes))
+            .sum();
+        let needed: u64 = request.iter().map(|&b| arena_size(b)).sum();
+        if resident.saturating_add(needed) > capacity {
+            return Ok(false);
+        }
+        if !self.pack_into_arena()? {
+            return Ok(false);
+        }
+        self.stats.arena_fallbacks += 1;
+        tracing::debug!(
+            target: "remat_dtr::oom",
+            resident, needed, capacity,
+            "the allocator's layout cannot hold a working set that fits: switched to a compacting arena"
+        );
+        Ok(true)
+    }
+
+    /// Move every resident storage into a fresh [`ArenaMemory`] of the budget,
+    /// packed in address order. `false` for a model without a capacity.
+    fn pack_into_arena(&mut self) -> Result<bool> {
+        let Some(capacity) = self.memory.capacity() else {
+            return Ok(false);
         };
         let mut residents: Vec<(u64, StorageId)> = self
             .graph
@@ -498,7 +560,6 @@ impl<V> Runtime<V> {
             .filter_map(|(i, r)| r.slot.as_ref().map(|sl| (sl.ptr, StorageId(i))))
             .collect();
         residents.sort_unstable();
-        // Packed in address order.
         let mut at = 0u64;
         let placed: Vec<(StorageId, u64)> = residents
             .into_iter()
@@ -510,8 +571,7 @@ impl<V> Runtime<V> {
             .collect();
         self.move_into_arena(ArenaMemory::new(capacity, 0), placed.into_iter())?;
         self.stats.defragmentations += 1;
-        tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
-        Ok(())
+        Ok(true)
     }
 
     /// An allocation of `bytes` found no room with `free_bytes` free: when at
@@ -529,7 +589,7 @@ impl<V> Runtime<V> {
     /// Defragment the arena: slide resident storages down (blocks of
     /// allocations in flight stay). `false` when the model cannot.
     pub(super) fn defragment(&mut self) -> Result<bool> {
-        if !self.may_defragment() {
+        if !self.can_move() {
             return Ok(false);
         }
         let by_ptr = &self.by_ptr;

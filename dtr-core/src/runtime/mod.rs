@@ -15,7 +15,7 @@ use ahash::AHashMap;
 mod iteration;
 
 use crate::config::{BudgetMode, DtrConfig};
-use crate::error::{DeviceOutOfMemory, Error, ImpossibleBudget, Result};
+use crate::error::{DeviceOutOfMemory, Error, ImpossibleBudget, ImpossibleCause, Result};
 use crate::execute::StepKind;
 use crate::graph::{Graph, Hot, OpRec, Residency, StorageRec, NONE};
 use crate::ids::{OpId, Slab, StorageId, TensorId};
@@ -309,7 +309,7 @@ impl<V> Runtime<V> {
     /// never evicted.
     pub fn put(&mut self, value: V, bytes: u64) -> Result<TensorId> {
         self.note(|_| Event::Put { bytes }, &[]);
-        let slot = self.make_room(bytes);
+        let slot = self.place_all(&[bytes]).map(|mut v| v.remove(0));
         let slot = self.track(slot)?;
         let s = self.new_storage(bytes, Some(slot), None, 0, false, 0.0);
         self.values[s.0 as usize] = Some(value);
@@ -524,20 +524,18 @@ impl<V> Runtime<V> {
             let need_copy = !r.recomputable && !r.users.is_empty();
             cow.push(need_copy);
         }
+        let cow_sizes: Vec<u64> = (targets.iter().zip(&cow))
+            .filter(|(_, &c)| c)
+            .map(|(&t, _)| self.graph.st(t).bytes)
+            .collect();
         let mut slots: Vec<Option<Slot>> = Vec::new();
         let mut failed = None;
-        for (k, &t) in targets.iter().enumerate() {
-            if cow[k] {
-                match self.make_room(self.graph.st(t).bytes) {
-                    Ok(slot) => slots.push(Some(slot)),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            } else {
-                slots.push(None);
+        match self.place_all(&cow_sizes) {
+            Ok(placed) => {
+                let mut placed = placed.into_iter();
+                slots.extend(cow.iter().map(|&c| if c { placed.next() } else { None }));
             }
+            Err(e) => failed = Some(e),
         }
         let values = if failed.is_none() {
             match self.compute_retrying(&op, &in_storages, 0) {
@@ -674,16 +672,7 @@ impl<V> Runtime<V> {
         fresh: &[u64],
         given: Option<Vec<V>>,
     ) -> Result<(Vec<Slot>, Vec<V>)> {
-        let mut slots = Vec::with_capacity(fresh.len());
-        for &bytes in fresh {
-            match self.make_room(bytes) {
-                Ok(slot) => slots.push(slot),
-                Err(e) => {
-                    self.free_slots(slots);
-                    return Err(e);
-                }
-            }
-        }
+        let slots = self.place_all(fresh)?;
         let values = match given {
             Some(v) => Ok(v),
             None => {
@@ -1303,17 +1292,11 @@ impl<V> Runtime<V> {
             })
             .collect();
         // Keep the outputs out of the candidates while their siblings are placed.
-        let mut slots = Vec::with_capacity(missing.len());
-        for &(_, s) in &missing {
-            let bytes = self.graph.st(s).bytes;
-            match self.make_room(bytes) {
-                Ok(slot) => slots.push(slot),
-                Err(e) => {
-                    self.free_slots(slots);
-                    return Err(e);
-                }
-            }
-        }
+        let sizes: Vec<u64> = missing
+            .iter()
+            .map(|&(_, s)| self.graph.st(s).bytes)
+            .collect();
+        let slots = self.place_all(&sizes)?;
         let handle = self.handles[op.0 as usize]
             .clone()
             .ok_or_else(|| Error::Internal("op without handle".into()))?;
@@ -1468,6 +1451,48 @@ impl<V> Runtime<V> {
 
     // ----- eviction ------------------------------------------------------------
 
+    /// Place allocations of `sizes` bytes together (the outputs of one op),
+    /// evicting as needed. When no eviction can place them under a physical
+    /// budget that the working set fits, the runtime moves into a compacting
+    /// arena ([`Runtime::fall_back_to_arena`]) and places them again. On error
+    /// nothing stays allocated.
+    fn place_all(&mut self, sizes: &[u64]) -> Result<Vec<Slot>> {
+        let (mut fell_back, mut compacted) = (false, false);
+        loop {
+            let mut slots = Vec::with_capacity(sizes.len());
+            let mut failed = None;
+            for &bytes in sizes {
+                match self.make_room(bytes) {
+                    Ok(slot) => slots.push(slot),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let Some(e) = failed else {
+                return Ok(slots);
+            };
+            let in_flight = !slots.is_empty();
+            self.free_slots(slots);
+            if !matches!(e, Error::ImpossibleBudget(_)) {
+                return Err(e);
+            }
+            if !fell_back && self.fall_back_to_arena(sizes)? {
+                fell_back = true;
+                continue;
+            }
+            // The group's own first allocations may split the free space a
+            // compaction cannot join (blocks in flight do not move): freed now,
+            // compact once and place the group again.
+            if in_flight && !compacted && self.defragment()? {
+                compacted = true;
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
     /// Place `bytes`, evicting while the memory model says there is no room.
     fn make_room(&mut self, bytes: u64) -> Result<Slot> {
         if self.iter.following {
@@ -1550,9 +1575,19 @@ impl<V> Runtime<V> {
                 below_min += r.bytes;
             }
         }
+        let budget = usage.capacity.unwrap_or(u64::MAX);
+        let block = self.memory.shape(needed).block;
+        let cause = if block > budget {
+            ImpossibleCause::RequestExceedsBudget
+        } else if usage.allocated.saturating_add(block) > budget {
+            ImpossibleCause::WorkingSetExceedsBudget
+        } else {
+            ImpossibleCause::Fragmentation
+        };
         ImpossibleBudget {
+            cause,
             needed,
-            budget: usage.capacity.unwrap_or(u64::MAX),
+            budget,
             resident,
             evictable,
             pinned,
