@@ -85,15 +85,16 @@ impl<B: BackendIr> RunnerChannel for DtrChannel<B> {
         DtrClient::new(device)
     }
 
-    /// The inner handle of `tensor`. When it cannot be produced (the device is
-    /// poisoned, or the budget cannot hold it) the client keeps the error, which
-    /// the next read or sync reports, and a zero-filled handle of the same shape
-    /// stands in.
+    /// The inner handle of `tensor` (moving it to another device). When it
+    /// cannot be produced (it was not computed, or the budget cannot hold it)
+    /// burn gives no way to fail here: the client keeps the error, which the
+    /// next sync and `take_error` report, and a zero-filled handle of the same
+    /// shape stands in.
     fn get_tensor_handle(tensor: &TensorIr, client: &Self::Client) -> TensorHandle<Self::Bridge> {
         match client.handle(tensor) {
             Ok(h) => h,
             Err(e) => {
-                client.poison(e);
+                client.report(e);
                 let device = client.device_ref().inner();
                 let shape = tensor.shape.clone();
                 if tensor.dtype.is_int() {

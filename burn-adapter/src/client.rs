@@ -84,8 +84,17 @@ struct Entry {
 struct State<B: BackendIr> {
     rt: Runtime<Resident<B>>,
     entries: HashMap<TensorId, Entry>,
-    /// The first error met; while set, ops are skipped (drops still release).
+    /// The first error since the last [`DtrClient::take_error`] (typed).
     error: Option<Error>,
+    /// The first error since the last sync, which reports it.
+    unsynced: Option<Arc<str>>,
+    /// Tensors that were not computed (their op, or one they depend on,
+    /// failed), with the first failure's message. Reading one is an error;
+    /// ops that read one are not run.
+    failed: HashMap<TensorId, Arc<str>>,
+    /// The device's configuration was invalid: every op and upload fails with
+    /// this message (never a silent run without the budget asked for).
+    broken: Option<Arc<str>>,
     cost: CostModel,
     ops: u64,
     views: u64,
@@ -127,14 +136,19 @@ fn execution_error(e: &Error) -> ExecutionError {
 
 impl<B: BackendIr> DtrClient<B> {
     /// The client of `device`, with a runtime built from the device's options. A
-    /// bad configuration poisons the client (reported on the first read or sync).
+    /// bad configuration makes every op fail with its message (reads, sync and
+    /// `take_error` report it).
     pub(crate) fn new(device: &DtrDevice<B>) -> Self {
         let mut error = None;
+        let mut unsynced = None;
         let (rt, cost) = match options_of(device.slot())
             .and_then(|o| Ok((Runtime::new(o.config)?, o.cost)))
         {
             Ok(x) => x,
             Err(e) => {
+                // Every op fails with it (see `State::broken`); the runtime
+                // below only keeps the types whole.
+                unsynced = Some(Arc::from(e.to_string()));
                 error = Some(e);
                 let config = DtrConfig::default();
                 let policy = make_policy(config.policy, &config);
@@ -147,6 +161,9 @@ impl<B: BackendIr> DtrClient<B> {
                 rt,
                 entries: HashMap::new(),
                 error,
+                broken: unsynced.clone(),
+                unsynced,
+                failed: HashMap::new(),
                 cost,
                 ops: 0,
                 views: 0,
@@ -196,7 +213,7 @@ impl<B: BackendIr> DtrClient<B> {
         self.lock().rt.set_threshold(bytes);
     }
 
-    /// Take the error that poisoned the client.
+    /// Take the first error since the last take (typed).
     pub fn take_error(&self) -> Option<Error> {
         self.lock().error.take()
     }
@@ -228,18 +245,9 @@ impl<B: BackendIr> DtrClient<B> {
     /// non-recomputable inputs resident, for the whole run. Returns how many
     /// storages were sealed.
     pub fn seal(&self) -> Result<usize> {
-        let mut st = self.lock();
-        match st.seal() {
-            Ok(n) => Ok(n),
-            Err(e) => {
-                // Each tensor is rooted atomically, so the state is consistent,
-                // but the device must not go on silently: keep the typed error
-                // for `take_error` and return its text.
-                let message = format!("seal failed: {e}");
-                st.poison(e);
-                Err(Error::Poisoned(message))
-            }
-        }
+        // Each tensor is rooted atomically: a failure leaves a consistent state
+        // (what was sealed stays sealed) and the device usable.
+        self.lock().seal()
     }
 }
 
@@ -247,33 +255,18 @@ impl<B: BackendIr> DtrClient<B> {
     /// End a training step (after [`DtrClient::seal`]): the runtime's iteration
     /// boundary. The step just run is recorded; from the step after the next,
     /// when steps repeat, they follow a plan made from the one before (see
-    /// [`remat_dtr::Runtime::end_iteration`]). A failure poisons the device
-    /// like a failed seal.
+    /// [`remat_dtr::Runtime::end_iteration`]).
     pub fn end_iteration(&self) -> Result<IterationReport> {
         let mut st = self.lock();
-        if let Some(e) = &st.error {
-            return Err(Error::Poisoned(e.to_string()));
-        }
-        match st.rt.end_iteration() {
-            Ok(r) => {
-                st.last_iteration = Some(r.clone());
-                Ok(r)
-            }
-            Err(e) => {
-                let message = format!("end of iteration failed: {e}");
-                st.poison(e.into());
-                Err(Error::Poisoned(message))
-            }
-        }
+        let r = st.rt.end_iteration()?;
+        st.last_iteration = Some(r.clone());
+        Ok(r)
     }
 }
 
 impl<B: BackendIr> State<B> {
     fn seal(&mut self) -> Result<usize> {
         let st = self;
-        if let Some(e) = &st.error {
-            return Err(Error::Poisoned(e.to_string()));
-        }
         let mut groups: HashMap<remat_dtr::TensorId, Vec<TensorId>> = HashMap::new();
         for (id, e) in &st.entries {
             if !e.root {
@@ -310,6 +303,9 @@ impl<B: BackendIr> DtrClient<B> {
         let out = st.read(&self.shared, ir, f);
         // A consumed tensor (`ReadWrite`) gets no drop op: release it even when
         // the read failed, so that no record is left behind.
+        if ir.status == TensorStatus::ReadWrite {
+            st.failed.remove(&ir.id);
+        }
         if ir.status == TensorStatus::ReadWrite && st.entries.contains_key(&ir.id) {
             let released = st.release(ir.id);
             if out.is_ok() {
@@ -329,6 +325,11 @@ impl<B: BackendIr> DtrClient<B> {
     fn put(&self, ir: &TensorIr) {
         let mut st = self.lock();
         let value = self.shared.adopt(ir);
+        if let Some(m) = st.broken.clone() {
+            drop(value);
+            st.failed.insert(ir.id, m);
+            return;
+        }
         let bytes = (tensor_bytes(ir) as u64).max(1);
         match st.rt.put(value, bytes) {
             Ok(t) => {
@@ -342,7 +343,7 @@ impl<B: BackendIr> DtrClient<B> {
                 );
                 st.uploads += 1;
             }
-            Err(e) => st.poison(e.into()),
+            Err(e) => st.fail(&[ir.id], e.into()),
         }
     }
 
@@ -382,8 +383,8 @@ impl<B: BackendIr> State<B> {
         ir: &TensorIr,
         f: impl FnOnce(TensorIr) -> T,
     ) -> Result<T> {
-        if let Some(e) = &self.error {
-            return Err(Error::Poisoned(e.to_string()));
+        if let Some(m) = self.failed.get(&ir.id) {
+            return Err(Error::Failed(m.clone()));
         }
         let entry = self.entry(ir.id)?;
         self.rt.pin(entry.t)?;
@@ -402,7 +403,14 @@ impl<B: BackendIr> State<B> {
             .ok_or(Error::UnknownTensor(id.value()))
     }
 
-    fn poison(&mut self, e: Error) {
+    /// Mark `outputs` as not computed because of `e`, and keep `e` for the
+    /// next sync and `take_error` (the first error wins in each).
+    fn fail(&mut self, outputs: &[TensorId], e: Error) {
+        let message: Arc<str> = Arc::from(e.to_string());
+        for &id in outputs {
+            self.failed.insert(id, message.clone());
+        }
+        self.unsynced.get_or_insert(message);
         if self.error.is_none() {
             self.error = Some(e);
         }
@@ -421,6 +429,9 @@ impl<B: BackendIr> State<B> {
     fn execute(&mut self, shared: &Arc<Shared<B>>, op: OperationIr) -> Result<()> {
         match &op {
             OperationIr::Drop(ir) => {
+                if self.failed.remove(&ir.id).is_some() {
+                    return Ok(());
+                }
                 return match self.release(ir.id) {
                     // Tensors of ops that failed were never registered: dropping
                     // them is a no-op (also after the error was taken).
@@ -438,7 +449,14 @@ impl<B: BackendIr> State<B> {
             .collect();
         consumed.sort_unstable_by_key(|id| id.value());
         consumed.dedup();
-        let result = if self.error.is_some() {
+        // An op that reads a tensor that was not computed is not run: its
+        // outputs are not computed either, for the same reason.
+        let upstream = (self.broken.clone())
+            .or_else(|| op.inputs().find_map(|t| self.failed.get(&t.id).cloned()));
+        let result = if let Some(message) = upstream {
+            for o in op.outputs() {
+                self.failed.insert(o.id, message.clone());
+            }
             Ok(())
         } else if is_view(&op) {
             self.view(op)
@@ -446,8 +464,11 @@ impl<B: BackendIr> State<B> {
             self.compute(shared, op)
         };
         for id in consumed {
+            if self.failed.remove(&id).is_some() {
+                continue;
+            }
             match self.release(id) {
-                Err(e) if result.is_ok() && self.error.is_none() => return Err(e),
+                Err(e) if result.is_ok() => return Err(e),
                 _ => {}
             }
         }
@@ -557,8 +578,9 @@ impl<B: BackendIr> RunnerClient for DtrClient<B> {
 
     fn register_op(&self, op: OperationIr) {
         let mut st = self.lock();
+        let outputs: Vec<TensorId> = op.outputs().map(|t| t.id).collect();
         if let Err(e) = st.execute(&self.shared, op) {
-            st.poison(e);
+            st.fail(&outputs, e);
         }
     }
 
@@ -577,8 +599,8 @@ impl<B: BackendIr> RunnerClient for DtrClient<B> {
 
     fn sync(&self) -> Result<(), ExecutionError> {
         B::sync(self.device.inner())?;
-        match &self.lock().error {
-            Some(e) => Err(execution_error(e)),
+        match self.lock().unsynced.take() {
+            Some(m) => Err(execution_error(&Error::Failed(m))),
             None => Ok(()),
         }
     }
@@ -607,9 +629,10 @@ impl<B: BackendIr> RunnerClient for DtrClient<B> {
 }
 
 impl<B: BackendIr> DtrClient<B> {
-    /// Keep `e` as the client's error (the first one wins).
-    pub(crate) fn poison(&self, e: Error) {
-        self.lock().poison(e);
+    /// Keep `e` as an error for the next sync and `take_error` (a failure that
+    /// marks no tensor: a handle handed to another device).
+    pub(crate) fn report(&self, e: Error) {
+        self.lock().fail(&[], e);
     }
 
     /// The device of this client.

@@ -143,10 +143,17 @@ impl<B: BackendIr> DtrDevice<B> {
         get_client::<DtrChannel<B>>(self).stats()
     }
 
-    /// Take the error that poisoned this device's client, if any; the client then
-    /// runs ops again (tensors produced by failed ops stay unknown).
+    /// Take the first error since the last take, typed. Failures do not stop
+    /// the device: ops that do not read a failed tensor keep running (see
+    /// [`Error`]); this is where the typed figures of a failure are read.
     pub fn take_error(&self) -> Option<Error> {
         get_client::<DtrChannel<B>>(self).take_error()
+    }
+
+    /// Keep `e` for the next sync and [`DtrDevice::take_error`] (a failure
+    /// outside any op: a seal called where no error can be returned).
+    pub(crate) fn report(&self, e: Error) {
+        get_client::<DtrChannel<B>>(self).report(e)
     }
 
     /// Walk the runtime's records and check their invariants (for tests).

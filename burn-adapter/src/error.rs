@@ -5,11 +5,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Every error `remat-burn` reports.
 ///
-/// Burn's backend traits return no errors from tensor operations, so an error met
-/// while running an op is kept by the device's client (the client is then
-/// *poisoned*: later ops are skipped) and surfaces as a Burn `ExecutionError` from
-/// the next read (`Tensor::try_into_data`) or `Backend::sync`, and as this typed
-/// value from [`DtrDevice::take_error`](crate::DtrDevice::take_error).
+/// Burn's backend traits return no errors from tensor operations, so an op that
+/// fails marks its outputs as *not computed*: reading one (`Tensor::try_into_data`,
+/// or the panic of `into_data`) returns a Burn `ExecutionError` whose text is this
+/// error's, figures included; an op that reads one is not run and its outputs are
+/// not computed either. Every other tensor, and every later op, works as before:
+/// one failure does not poison the device. The next `Backend::sync` reports the
+/// first failure since the previous sync, and
+/// [`DtrDevice::take_error`](crate::DtrDevice::take_error) hands out the typed
+/// first failure since the previous take.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The DTR runtime failed, for instance with
@@ -23,11 +27,11 @@ pub enum Error {
     /// op that failed earlier).
     #[error("unknown tensor {0} on this DTR device")]
     UnknownTensor(u64),
-    /// The device's client was poisoned by an earlier error (taken out with
-    /// [`DtrDevice::take_error`](crate::DtrDevice::take_error)); ops are skipped
-    /// until then.
-    #[error("device poisoned by an earlier error: {0}")]
-    Poisoned(String),
+    /// The tensor was not computed: the op that produces it, or one it depends
+    /// on, failed with this message (the typed error is the one
+    /// [`DtrDevice::take_error`](crate::DtrDevice::take_error) returns).
+    #[error("{0}")]
+    Failed(std::sync::Arc<str>),
     /// An operation the adapter cannot run (custom or distributed ops).
     #[error("unsupported operation: {0}")]
     Unsupported(String),

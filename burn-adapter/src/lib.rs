@@ -73,10 +73,14 @@
 //!   reads, would stay recorded (and those uploads resident) for the whole run.
 //!   Wrap the optimizer in [`Sealing`] (feature `optim`, default) and it happens
 //!   inside `step`; or call [`DtrDevice::seal`] yourself.
-//! - **Errors.** Burn's op methods return nothing, so an error (for instance
-//!   [`remat_dtr::Error::ImpossibleBudget`]) poisons the device's client: later
-//!   ops are skipped, the next `Tensor::try_into_data` or `Backend::sync` returns
-//!   an `ExecutionError`, and [`DtrDevice::take_error`] gives the typed [`Error`].
+//! - **Errors.** Burn's op methods return nothing, so an op that fails (for
+//!   instance with [`remat_dtr::Error::ImpossibleBudget`]) marks its outputs as
+//!   not computed. Reading one (`Tensor::try_into_data`; `into_data` panics with
+//!   the same text) returns an `ExecutionError` carrying remat's message and
+//!   figures; ops that read one are skipped, their outputs not computed either.
+//!   Everything else keeps working: one failure does not poison the device. The
+//!   next `Backend::sync` reports the first failure since the last sync, and
+//!   [`DtrDevice::take_error`] gives the typed [`Error`].
 //!
 //! ## Use
 //!

@@ -23,8 +23,9 @@
 //! last step did.
 //!
 //! A seal that fails (for instance with an impossible budget while an evicted
-//! live tensor is regenerated) poisons the device like any op error: the next
-//! read or sync returns it, and [`DtrDevice::take_error`] gives the typed error.
+//! live tensor is regenerated) is kept like any op error: the next sync returns
+//! it, and [`DtrDevice::take_error`] gives the typed error. What was sealed stays
+//! sealed, and the device keeps working.
 
 use burn_core::module::AutodiffModule;
 use burn_core::tensor::backend::AutodiffBackend;
@@ -56,20 +57,20 @@ impl<O, BI: BackendIr> Sealing<O, BI> {
         &self.inner
     }
 
-    /// Seals done (one per step; a failed seal counts too and poisons the
-    /// device).
+    /// Seals done (one per step; a failed seal counts too).
     pub fn seals(&self) -> u64 {
         self.seals
     }
 
     fn seal(&mut self) {
         self.seals += 1;
-        // A failure poisons the device with the typed error (see the module
-        // doc): `step` has no error channel, the next read or sync reports it.
-        // The step's end is the runtime's iteration boundary: once steps
-        // repeat, each follows a plan made from the one before.
-        if self.device.seal().is_ok() {
-            let _ = self.device.end_iteration();
+        // `step` has no error channel: a failure is kept for the next sync and
+        // `take_error` (see the module doc). The step's end is the runtime's
+        // iteration boundary: once steps repeat, each follows a plan made from
+        // the one before.
+        let ended = self.device.seal().and_then(|_| self.device.end_iteration());
+        if let Err(e) = ended {
+            self.device.report(e);
         }
     }
 }

@@ -1,0 +1,107 @@
+//! Failures under a budget reach the user with remat's message and figures, and
+//! do not poison the device: the failed op's outputs (and what reads them) are
+//! not computed, everything else keeps working.
+
+use burn_backend::backend::Backend;
+use burn_ndarray::{NdArray, NdArrayDevice};
+use burn_tensor::Tensor;
+use remat_burn::{Dtr, DtrDevice, Error};
+use remat_dtr::{DtrConfig, ImpossibleCause};
+
+type B = Dtr<NdArray>;
+
+fn device(budget: u64) -> DtrDevice<NdArray> {
+    DtrDevice::new(NdArrayDevice::Cpu, DtrConfig::default().with_budget(budget)).expect("device")
+}
+
+fn floats(t: Tensor<B, 1>) -> Vec<f32> {
+    t.into_data().to_vec::<f32>().expect("f32 data")
+}
+
+#[test]
+fn a_tiny_physical_budget_runs_tiny_ops() {
+    // 4 KiB in the default (physical) mode: PyTorch's rules would need a 2 MiB
+    // segment for the first 24-byte tensor.
+    let device = device(4 << 10);
+    let x = Tensor::<B, 1>::from_floats([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &device);
+    let mut y = x.clone();
+    for _ in 0..20 {
+        y = y + 1.0;
+    }
+    assert_eq!(floats(y), vec![21.0, 22.0, 23.0, 24.0, 25.0, 26.0]);
+    assert!(device.take_error().is_none());
+    assert!(device.stats().memory.peak_reserved <= 4 << 10);
+    device.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_op_reaches_the_reader_with_remat_figures_and_the_device_goes_on() {
+    let device = device(16 << 10);
+    let ok = Tensor::<B, 1>::from_floats([1.0, 2.0], &device);
+    // 12 000 B of parameters, then an op whose 12 000 B output cannot fit
+    // beside its input (a working set of 24 000 B under 16 KiB).
+    let params = Tensor::<B, 1>::ones([3000], &device);
+    let big = params.clone() * 2.0;
+    let err = big
+        .clone()
+        .try_into_data()
+        .expect_err("the op cannot be placed");
+    let text = err.to_string();
+    assert!(text.contains("impossible budget"), "{text}");
+    assert!(
+        text.contains("what must stay resident plus the request exceed the budget"),
+        "{text}"
+    );
+    assert!(text.contains("under a budget of 16384 B"), "{text}");
+    // What reads the failed tensor fails with the same cause…
+    let derived = big.clone().exp();
+    let text2 = derived.try_into_data().expect_err("not computed").to_string();
+    assert!(text2.contains("impossible budget"), "{text2}");
+    // …and `into_data` panics with it rather than a generic message.
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        big.clone().into_data();
+    }))
+    .expect_err("into_data of a failed tensor panics");
+    let message = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(message.contains("impossible budget"), "{message}");
+    // The typed error, once.
+    match device.take_error() {
+        Some(Error::Dtr(remat_dtr::Error::ImpossibleBudget(b))) => {
+            assert_eq!(b.cause, ImpossibleCause::WorkingSetExceedsBudget, "{b}");
+            assert_eq!(b.budget, 16 << 10);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(device.take_error().is_none());
+    // The first sync reports the failure since the last sync, the next one is clean.
+    assert!(B::sync(&device).is_err());
+    assert!(B::sync(&device).is_ok());
+    // The device is not poisoned: independent work goes on, also work that
+    // reads the tensors the failed op read.
+    assert_eq!(floats(ok.clone() + 1.0), vec![2.0, 3.0]);
+    let small = params.slice([0..4]) * 3.0;
+    assert_eq!(floats(small), vec![3.0; 4]);
+    drop(big);
+    assert_eq!(floats(ok * 10.0), vec![10.0, 20.0]);
+    assert!(device.take_error().is_none());
+    device.check_invariants().unwrap();
+}
+
+#[test]
+fn an_upload_larger_than_the_budget_fails_alone() {
+    let device = device(4 << 10);
+    let huge = Tensor::<B, 1>::ones([4096], &device);
+    let text = huge
+        .try_into_data()
+        .expect_err("16 KiB cannot be uploaded under 4 KiB")
+        .to_string();
+    assert!(
+        text.contains("the request alone exceeds the budget"),
+        "{text}"
+    );
+    let x = Tensor::<B, 1>::from_floats([1.0, 2.0], &device);
+    assert_eq!(floats(x * 2.0), vec![2.0, 4.0]);
+}
