@@ -55,17 +55,17 @@ fn a_failed_op_reaches_the_reader_with_remat_figures_and_the_device_goes_on() {
     assert!(text.contains("under a budget of 16384 B"), "{text}");
     // What reads the failed tensor fails with the same cause…
     let derived = big.clone().exp();
-    let text2 = derived.try_into_data().expect_err("not computed").to_string();
+    let text2 = derived
+        .try_into_data()
+        .expect_err("not computed")
+        .to_string();
     assert!(text2.contains("impossible budget"), "{text2}");
     // …and `into_data` panics with it rather than a generic message.
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         big.clone().into_data();
     }))
     .expect_err("into_data of a failed tensor panics");
-    let message = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("impossible budget"), "{message}");
     // The typed error, once.
     match device.take_error() {
@@ -82,7 +82,7 @@ fn a_failed_op_reaches_the_reader_with_remat_figures_and_the_device_goes_on() {
     // The device is not poisoned: independent work goes on, also work that
     // reads the tensors the failed op read.
     assert_eq!(floats(ok.clone() + 1.0), vec![2.0, 3.0]);
-    let small = params.slice([0..4]) * 3.0;
+    let small = params.narrow(0, 0, 4) * 3.0;
     assert_eq!(floats(small), vec![3.0; 4]);
     drop(big);
     assert_eq!(floats(ok * 10.0), vec![10.0, 20.0]);
