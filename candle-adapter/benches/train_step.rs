@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use remat_candle::nn::loss;
-use remat_candle::{Remat, RematConfig};
+use remat_candle::{CandleErrorExt, Remat, RematConfig};
 use remat_dtr::{BudgetMode, DtrConfig};
 
 #[path = "../examples/shared/cnn.rs"]
@@ -115,7 +115,7 @@ fn adapter(
     budget: Option<u64>,
     steps: usize,
     batch: usize,
-) -> std::result::Result<Result, remat_candle::Error> {
+) -> std::result::Result<Result, candle_core::Error> {
     let dev = Device::Cpu;
     let (images, labels) = data(batch);
     let dtr = DtrConfig::default().with_budget_mode(mode);

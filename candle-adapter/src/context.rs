@@ -12,7 +12,7 @@ use remat_dtr::{
 };
 
 use crate::cell::{tensor_bytes, Cell};
-use crate::error::{Error, Result};
+use crate::error::{DtrResultExt, Error, Result, Typed};
 use crate::tensor::RTensor;
 
 /// How an op's recompute cost (the `cost` in the eviction score) is obtained.
@@ -152,7 +152,9 @@ impl RematConfig {
             }
             rest.push(item);
         }
-        let dtr = DtrConfig::parse(&rest.join(",")).map_err(remat_dtr::Error::from)?;
+        let dtr = DtrConfig::parse(&rest.join(","))
+            .map_err(remat_dtr::Error::from)
+            .c()?;
         let budget = match (fraction, dtr.budget) {
             (Some(f), _) => Budget::Fraction { fraction: f, of: 0 },
             (None, Some(b)) => Budget::Bytes(b),
@@ -174,7 +176,7 @@ impl RematConfig {
     }
 }
 
-fn parse_fraction(whole: &str, num: &str, div: f64) -> Result<f64> {
+fn parse_fraction(whole: &str, num: &str, div: f64) -> Typed<f64> {
     match num.parse::<f64>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x / div),
         _ => Err(Error::Dtr(remat_dtr::Error::Config(
@@ -205,13 +207,13 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// Lock the runtime after releasing pending handles.
-    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Runtime<Cell>>> {
+    pub(crate) fn lock(&self) -> Typed<MutexGuard<'_, Runtime<Cell>>> {
         let mut rt = self.rt.lock().map_err(|_| Error::Poisoned)?;
         self.drain(&mut rt)?;
         Ok(rt)
     }
 
-    fn drain(&self, rt: &mut Runtime<Cell>) -> Result<()> {
+    fn drain(&self, rt: &mut Runtime<Cell>) -> Typed<()> {
         loop {
             let ids = {
                 let mut p = self.pending.lock().map_err(|_| Error::Poisoned)?;
@@ -326,17 +328,18 @@ impl Remat {
                 message: "a fractional budget needs a reference size \
                           (RematConfig::with_reference_bytes)"
                     .into(),
-            });
+            }
+            .into());
         }
         let budget = dtr.budget;
         let configured_threshold = dtr.threshold;
         let rt = match (&config.allocator, dtr.budget_mode, budget) {
             (Some(alloc), BudgetMode::Physical, Some(b)) => {
-                let memory = PhysicalBudget::with_config(b, alloc.clone())?;
+                let memory = PhysicalBudget::with_config(b, alloc.clone()).c()?;
                 let policy = make_policy(dtr.policy, &dtr);
                 Runtime::with_parts(dtr, Box::new(memory), policy)
             }
-            _ => Runtime::new(dtr)?,
+            _ => Runtime::new(dtr).c()?,
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -371,7 +374,9 @@ impl Remat {
     pub fn input(&self, t: &Tensor) -> Result<RTensor> {
         let base = t.contiguous()?;
         let mut rt = self.inner.lock()?;
-        let id = rt.put(Cell::external(base.detach()), tensor_bytes(&base))?;
+        let id = rt
+            .put(Cell::external(base.detach()), tensor_bytes(&base))
+            .c()?;
         drop(rt);
         Ok(RTensor::from_parts(base, id, self.inner.clone()))
     }
@@ -382,7 +387,7 @@ impl Remat {
     pub fn param(&self, v: &Var) -> Result<RTensor> {
         let t = v.as_tensor().clone();
         let mut rt = self.inner.lock()?;
-        let id = rt.put(Cell::external(t.detach()), tensor_bytes(&t))?;
+        let id = rt.put(Cell::external(t.detach()), tensor_bytes(&t)).c()?;
         drop(rt);
         Ok(RTensor::from_parts(t, id, self.inner.clone()))
     }
@@ -400,7 +405,7 @@ impl Remat {
     ///   step that differs (another shape, another branch) runs online and is
     ///   planned again. The report says whether the step followed a plan.
     pub fn end_iteration(&self) -> Result<IterationReport> {
-        Ok(self.inner.lock()?.end_iteration()?)
+        self.inner.lock()?.end_iteration().c()
     }
 
     /// Release handles dropped while the runtime was busy.
@@ -426,7 +431,7 @@ impl Remat {
 
     /// Walk the runtime's records and check its invariants.
     pub fn check_invariants(&self) -> Result<()> {
-        Ok(self.inner.lock()?.check_invariants()?)
+        self.inner.lock()?.check_invariants().c()
     }
 
     /// Run `f` with the runtime locked (advanced: policies, decision times).

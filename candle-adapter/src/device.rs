@@ -36,7 +36,7 @@ use remat_dtr::{DeviceOutOfMemory, ImpossibleBudget, Runtime};
 
 use crate::cell::Cell;
 use crate::context::Remat;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Typed};
 
 /// True when `e` is a device out-of-memory error: candle's CUDA error wrapping
 /// the driver's `CUDA_ERROR_OUT_OF_MEMORY`, possibly inside context or
@@ -66,8 +66,8 @@ pub(crate) fn retry_on_device_oom<T>(
     op: &'static str,
     first_hint: u64,
     mut f: impl FnMut() -> candle_core::Result<T>,
-    mut recover: impl FnMut(u64) -> Result<std::result::Result<u64, ImpossibleBudget>>,
-) -> Result<T> {
+    mut recover: impl FnMut(u64) -> Typed<std::result::Result<u64, ImpossibleBudget>>,
+) -> Typed<T> {
     let mut hint = first_hint.max(MIN_OOM_EVICTION);
     let mut retries = 0u32;
     loop {
@@ -96,7 +96,7 @@ pub(crate) fn retry_on_device_oom<T>(
 pub(crate) fn evict_after_oom(
     rt: &mut Runtime<Cell>,
     hint: u64,
-) -> Result<std::result::Result<u64, ImpossibleBudget>> {
+) -> Typed<std::result::Result<u64, ImpossibleBudget>> {
     let freed = rt.recover_from_device_oom(hint)?;
     Ok(if freed > 0 {
         Ok(freed)
@@ -175,12 +175,12 @@ impl Remat {
     /// `cuda-pool`: synchronize, then `cuMemPoolTrimTo(0)`); the bytes released.
     /// On other devices there is no pool to trim: `Ok(0)`.
     pub fn empty_cache(&self, device: &candle_core::Device) -> Result<u64> {
-        trim_pool(device)
+        Ok(trim_pool(device)?)
     }
 }
 
 #[cfg(feature = "cuda-pool")]
-fn open_pool(device: &candle_core::Device) -> Result<Option<remat_alloc::CudaPool>> {
+fn open_pool(device: &candle_core::Device) -> Typed<Option<remat_alloc::CudaPool>> {
     match device.location() {
         DeviceLocation::Cuda { gpu_id } => {
             remat_alloc::CudaPool::open(gpu_id)
@@ -195,7 +195,7 @@ fn open_pool(device: &candle_core::Device) -> Result<Option<remat_alloc::CudaPoo
 }
 
 #[cfg(feature = "cuda-pool")]
-fn pool_usage(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
+fn pool_usage(device: &candle_core::Device) -> Typed<Option<(u64, u64)>> {
     let Some(pool) = open_pool(device)? else {
         return Ok(None);
     };
@@ -207,7 +207,7 @@ fn pool_usage(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
 }
 
 #[cfg(feature = "cuda-pool")]
-fn trim_pool(device: &candle_core::Device) -> Result<u64> {
+fn trim_pool(device: &candle_core::Device) -> Typed<u64> {
     let Some(pool) = open_pool(device)? else {
         return Ok(0);
     };
@@ -218,7 +218,7 @@ fn trim_pool(device: &candle_core::Device) -> Result<u64> {
 }
 
 #[cfg(not(feature = "cuda-pool"))]
-fn pool_usage(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
+fn pool_usage(device: &candle_core::Device) -> Typed<Option<(u64, u64)>> {
     match device.location() {
         DeviceLocation::Cuda { .. } => Err(Error::Unsupported {
             op: "cuda pool",
@@ -229,7 +229,7 @@ fn pool_usage(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
 }
 
 #[cfg(not(feature = "cuda-pool"))]
-fn trim_pool(device: &candle_core::Device) -> Result<u64> {
+fn trim_pool(device: &candle_core::Device) -> Typed<u64> {
     pool_usage(device).map(|_| 0)
 }
 
@@ -372,14 +372,15 @@ mod tests {
         // Nothing recomputable is resident: the first eviction frees nothing.
         let fail = Arc::new(AtomicU32::new(u32::MAX));
         let err = flaky_exp(&x, &fail).unwrap_err();
-        match &err {
-            Error::Dtr(remat_dtr::Error::DeviceOutOfMemory(e)) => {
+        // Carried typed inside candle's error.
+        match Error::downcast_ref(&err) {
+            Some(Error::Dtr(remat_dtr::Error::DeviceOutOfMemory(e))) => {
                 assert_eq!(e.op, "flaky_exp");
                 assert_eq!(e.retries, 0);
                 assert!(e.message.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{e}");
                 assert_eq!(e.figures.not_recomputable, 64, "{e}");
             }
-            other => panic!("expected DeviceOutOfMemory, got {other}"),
+            _ => panic!("expected DeviceOutOfMemory, got {err}"),
         }
         assert_eq!(remat.stats().unwrap().device_oom_retries, 1);
         remat.check_invariants().unwrap();

@@ -33,7 +33,7 @@ use remat_dtr::{OpError, OpHandle, OutputSpec, Runtime, TensorId};
 use crate::cell::{put_storage, storage_addr, take_storage, tensor_bytes, Cell};
 use crate::context::Inner;
 use crate::device::{evict_after_oom, is_device_oom, retry_on_device_oom};
-use crate::error::{Error, Result};
+use crate::error::{Error, Typed as Result};
 use crate::tensor::RTensor;
 
 /// The forward computation of an op on detached inputs; must be deterministic.
@@ -380,6 +380,16 @@ pub(crate) fn apply(
     fwd: Arc<FwdFn>,
     vjp: Arc<VjpFn>,
     needs_output: bool,
+) -> crate::Result<RTensor> {
+    Ok(apply_typed(name, inputs, fwd, vjp, needs_output)?)
+}
+
+fn apply_typed(
+    name: &'static str,
+    inputs: &[&RTensor],
+    fwd: Arc<FwdFn>,
+    vjp: Arc<VjpFn>,
+    needs_output: bool,
 ) -> Result<RTensor> {
     let ctx = inputs
         .first()
@@ -469,7 +479,11 @@ pub(crate) fn apply(
 
 /// A copy of `t`'s data attached to the graph (gradients flow back into `t`),
 /// outside the runtime: the escape hatch to plain candle.
-pub(crate) fn escape(t: &RTensor) -> Result<Tensor> {
+pub(crate) fn escape(t: &RTensor) -> crate::Result<Tensor> {
+    Ok(escape_typed(t)?)
+}
+
+fn escape_typed(t: &RTensor) -> Result<Tensor> {
     let ctx = t.ctx().clone();
     let mut rt = ctx.lock()?;
     rt.pin(t.id())?;

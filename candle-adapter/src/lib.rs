@@ -82,11 +82,20 @@ pub mod tensor;
 pub use cell::Cell;
 pub use context::{Budget, CostModel, Remat, RematConfig};
 pub use device::{is_device_oom, DeviceMemory};
-pub use error::{Error, Result};
-/// The runtime's figures and settings, re-exported so that a user of this crate
-/// needs no direct dependency on `remat-dtr` to read them.
+pub use error::{CandleErrorExt, Error, Result};
+/// The runtime's figures, settings and typed errors, re-exported so that a user
+/// of this crate needs no direct dependency on `remat-dtr` or `remat-alloc`:
+/// `remat.stats()` is a [`RuntimeStats`], `remat.memory_usage()` a
+/// [`MemoryUsage`], an impossible budget carries an [`ImpossibleBudget`].
 pub use remat_dtr::{
-    BudgetMode, DtrConfig, IterationReport, MemoryUsage, PlanStatus, PlanSummary, PolicyKind,
-    RuntimeStats,
+    AllocatorConfig, BudgetMode, ConfigError, DeviceOutOfMemory, DtrConfig, ImpossibleBudget,
+    ImpossibleCause, IterationReport, MemoryUsage, PlanStatus, PlanSummary, PolicyKind,
+    RuntimeStats, StorageId, TensorId,
 };
 pub use tensor::{dropout_mask, Pinned, RTensor};
+/// candle-core and candle-nn at the version this crate is built with
+/// (`remat_candle::candle::bail!`, `remat_candle::candle_nn::VarBuilder`).
+pub use {candle_core as candle, candle_nn};
+/// The crates underneath, at the versions this crate is built with: `remat_candle::dtr`
+/// is remat-dtr, `remat_candle::alloc` remat-alloc.
+pub use {remat_alloc as alloc, remat_dtr as dtr};

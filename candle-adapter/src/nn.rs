@@ -23,6 +23,29 @@ impl<F: Fn(&RTensor) -> Result<RTensor>> Module for F {
     }
 }
 
+impl<M: Module> Module for Option<&M> {
+    /// The identity when `None` (candle-nn's impl).
+    fn forward(&self, xs: &RTensor) -> Result<RTensor> {
+        match self {
+            None => Ok(xs.clone()),
+            Some(m) => m.forward(xs),
+        }
+    }
+}
+
+/// A layer whose forward depends on training (candle-nn's `ModuleT`): dropout,
+/// for instance. Every [`Module`] is one, ignoring the flag.
+pub trait ModuleT {
+    /// Apply the layer, in training mode when `train`.
+    fn forward_t(&self, xs: &RTensor, train: bool) -> Result<RTensor>;
+}
+
+impl<M: Module> ModuleT for M {
+    fn forward_t(&self, xs: &RTensor, _train: bool) -> Result<RTensor> {
+        self.forward(xs)
+    }
+}
+
 /// A fully connected layer, `x Wᵀ + b` (candle-nn's `Linear`).
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -118,7 +141,8 @@ impl Conv2d {
             return Err(Error::Unsupported {
                 op: "conv2d",
                 message: format!("groups = {} (only 1 is supported)", cfg.groups),
-            });
+            }
+            .into());
         }
         Ok(Self {
             weight: remat.input(c.weight())?,
@@ -188,9 +212,8 @@ pub fn layer_norm(remat: &Remat, size: usize, eps: f64, vb: VarBuilder) -> Resul
         ..Default::default()
     };
     let ln = candle_nn::layer_norm(size, cfg, vb)?;
-    let bias = ln.bias().ok_or(Error::Unsupported {
-        op: "layer_norm",
-        message: "candle-nn returned a layer norm without bias".into(),
+    let bias = ln.bias().ok_or_else(|| {
+        Error::unsupported("layer_norm", "candle-nn returned a layer norm without bias")
     })?;
     Ok(LayerNorm {
         weight: remat.input(ln.weight())?,
@@ -215,7 +238,8 @@ impl Module for BatchNorm {
             return Err(Error::Unsupported {
                 op: "batch_norm",
                 message: format!("input of rank {} (at least 2)", x.rank()),
-            });
+            }
+            .into());
         }
         let x_t = x.transpose(0, 1)?;
         let dims_t = x_t.dims().to_vec();
@@ -301,16 +325,34 @@ impl Module for Activation {
     }
 }
 
-/// Dropout with probability `p` (each call draws a recorded seed).
+/// Dropout with probability `p` in training, the identity otherwise
+/// (candle-nn's `Dropout`, a [`ModuleT`]). Each training call draws a recorded
+/// seed (see [`RTensor::dropout`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     /// Drop probability.
     pub p: f32,
 }
 
-impl Module for Dropout {
-    fn forward(&self, x: &RTensor) -> Result<RTensor> {
-        x.dropout(self.p)
+impl Dropout {
+    /// Dropout with probability `p` (checked when applied: `[0, 1)`).
+    pub fn new(p: f32) -> Self {
+        Self { p }
+    }
+
+    /// candle-nn's `Dropout::forward(xs, train)`.
+    pub fn forward(&self, xs: &RTensor, train: bool) -> Result<RTensor> {
+        if train {
+            xs.dropout(self.p)
+        } else {
+            Ok(xs.clone())
+        }
+    }
+}
+
+impl ModuleT for Dropout {
+    fn forward_t(&self, xs: &RTensor, train: bool) -> Result<RTensor> {
+        self.forward(xs, train)
     }
 }
 
@@ -333,7 +375,8 @@ impl MultiHeadAttention {
             return Err(Error::Unsupported {
                 op: "attention",
                 message: format!("{dim} is not divisible into {heads} heads"),
-            });
+            }
+            .into());
         }
         Ok(Self {
             q: linear(remat, dim, dim, vb.pp("q"))?,
@@ -353,7 +396,8 @@ impl MultiHeadAttention {
                 return Err(Error::Unsupported {
                     op: "attention",
                     message: format!("input of shape {:?} (expected (b, t, dim))", x.dims()),
-                })
+                }
+                .into())
             }
         };
         let split = |y: RTensor| -> Result<RTensor> {
@@ -388,7 +432,7 @@ pub fn causal_mask(t: usize, dtype: DType, device: &candle_core::Device) -> Resu
     let v: Vec<f32> = (0..t)
         .flat_map(|i| (0..t).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
         .collect();
-    Ok(Tensor::from_vec(v, (t, t), device)?.to_dtype(dtype)?)
+    Tensor::from_vec(v, (t, t), device)?.to_dtype(dtype)
 }
 
 /// Losses mirroring `candle_nn::loss`.
@@ -405,7 +449,8 @@ pub mod loss {
                 return Err(Error::Unsupported {
                     op: "nll",
                     message: format!("target of shape {d:?} (expected one dimension)"),
-                })
+                }
+                .into())
             }
         };
         match *inp.dims() {
@@ -414,7 +459,8 @@ pub mod loss {
                 return Err(Error::Unsupported {
                     op: "nll",
                     message: format!("input of shape {d:?} for a batch of {b_sz}"),
-                })
+                }
+                .into())
             }
         }
         inp.gather(&target.unsqueeze(1)?, 1)?
@@ -428,7 +474,8 @@ pub mod loss {
             return Err(Error::Unsupported {
                 op: "cross_entropy",
                 message: format!("input of rank {} (expected 2)", inp.rank()),
-            });
+            }
+            .into());
         }
         nll(&inp.log_softmax(1)?, target)
     }

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Shape, Tensor, WithDType, D};
 use remat_dtr::{StorageId, TensorId};
 
 use crate::context::{Inner, Remat};
-use crate::error::{Error, Result};
+use crate::error::{DtrResultExt, Error, Result};
 use crate::graph::{apply, escape};
 
 /// The runtime handle of a storage, shared by a tensor and its views; dropping the
@@ -209,7 +209,7 @@ impl RTensor {
     }
     /// The size of dimension `d`.
     pub fn dim<T: Dim>(&self, d: T) -> Result<usize> {
-        Ok(self.t.dim(d)?)
+        self.t.dim(d)
     }
     /// The rank.
     pub fn rank(&self) -> usize {
@@ -231,33 +231,66 @@ impl RTensor {
     pub fn is_contiguous(&self) -> bool {
         self.t.is_contiguous()
     }
+    /// The dimensions of a rank-0 tensor (an error naming the rank otherwise).
+    pub fn dims0(&self) -> Result<()> {
+        self.t.dims0()
+    }
+    /// The dimension of a rank-1 tensor.
+    pub fn dims1(&self) -> Result<usize> {
+        self.t.dims1()
+    }
+    /// The dimensions of a rank-2 tensor.
+    pub fn dims2(&self) -> Result<(usize, usize)> {
+        self.t.dims2()
+    }
+    /// The dimensions of a rank-3 tensor.
+    pub fn dims3(&self) -> Result<(usize, usize, usize)> {
+        self.t.dims3()
+    }
+    /// The dimensions of a rank-4 tensor.
+    pub fn dims4(&self) -> Result<(usize, usize, usize, usize)> {
+        self.t.dims4()
+    }
+    /// The dimensions of a rank-5 tensor.
+    pub fn dims5(&self) -> Result<(usize, usize, usize, usize, usize)> {
+        self.t.dims5()
+    }
+
+    /// `m.forward(self)`: candle's `Tensor::apply`, for chaining layers.
+    pub fn apply<M: crate::nn::Module + ?Sized>(&self, m: &M) -> Result<RTensor> {
+        m.forward(self)
+    }
+    /// `m.forward_t(self, train)`: candle's `Tensor::apply_t`.
+    pub fn apply_t<M: crate::nn::ModuleT + ?Sized>(&self, m: &M, train: bool) -> Result<RTensor> {
+        m.forward_t(self, train)
+    }
 
     // ----- runtime ----------------------------------------------------------------
 
     /// Whether the storage is resident (not evicted).
     pub fn is_resident(&self) -> Result<bool> {
-        Ok(self.h.ctx.lock()?.is_resident(self.h.id)?)
+        self.h.ctx.lock()?.is_resident(self.h.id).c()
     }
 
     /// The runtime storage behind this tensor (views share it).
     pub fn storage_id(&self) -> Result<StorageId> {
-        Ok(self.h.ctx.lock()?.storage_of(self.h.id)?)
+        self.h.ctx.lock()?.storage_of(self.h.id).c()
     }
 
     /// Evict the storage now if it can be (resident, recomputable, unpinned):
     /// `Ok(false)` for inputs, parameters and pinned tensors.
     pub fn evict(&self) -> Result<bool> {
-        Ok(self.h.ctx.lock()?.evict(self.h.id)?)
+        self.h.ctx.lock()?.evict(self.h.id).c()
     }
 
     /// Times the storage was rematerialized.
     pub fn recompute_count(&self) -> Result<u32> {
-        Ok(self.h.ctx.lock()?.recompute_count(self.h.id)?)
+        self.h.ctx.lock()?.recompute_count(self.h.id).c()
     }
 
     /// Make the storage resident and keep it so while the guard lives.
     pub fn pinned(&self) -> Result<Pinned<'_>> {
-        self.h.ctx.lock()?.pin(self.h.id)?;
+        self.h.ctx.lock()?.pin(self.h.id).c()?;
         Ok(Pinned { t: self })
     }
 
@@ -271,22 +304,22 @@ impl RTensor {
     /// The values as a vector (rank 1).
     pub fn to_vec1<T: WithDType>(&self) -> Result<Vec<T>> {
         let p = self.pinned()?;
-        Ok(p.to_vec1()?)
+        p.to_vec1()
     }
     /// The values as nested vectors (rank 2).
     pub fn to_vec2<T: WithDType>(&self) -> Result<Vec<Vec<T>>> {
         let p = self.pinned()?;
-        Ok(p.to_vec2()?)
+        p.to_vec2()
     }
     /// The values as nested vectors (rank 3).
     pub fn to_vec3<T: WithDType>(&self) -> Result<Vec<Vec<Vec<T>>>> {
         let p = self.pinned()?;
-        Ok(p.to_vec3()?)
+        p.to_vec3()
     }
     /// The value of a rank-0 tensor.
     pub fn to_scalar<T: WithDType>(&self) -> Result<T> {
         let p = self.pinned()?;
-        Ok(p.to_scalar()?)
+        p.to_scalar()
     }
 
     /// candle's `backward()` from this tensor: gradients of every variable it
@@ -297,7 +330,7 @@ impl RTensor {
         let _ = ctx.take_bwd_error();
         self.t
             .backward()
-            .map_err(|e| ctx.take_bwd_error().unwrap_or(Error::Candle(e)))
+            .map_err(|e| ctx.take_bwd_error().map_or(e, Into::into))
     }
 
     // ----- views --------------------------------------------------------------------
@@ -902,10 +935,9 @@ impl RTensor {
     }
     /// Concatenate along `dim` (groups of up to three per graph node).
     pub fn cat<T: Dim>(args: &[&RTensor], dim: T) -> Result<RTensor> {
-        let first = args.first().ok_or(Error::Unsupported {
-            op: "cat",
-            message: "no tensors".into(),
-        })?;
+        let first = args
+            .first()
+            .ok_or_else(|| Error::unsupported("cat", "no tensors"))?;
         let dim = dim.to_index(first.shape(), "cat")?;
         if args.len() == 1 {
             return Ok((*first).clone());
@@ -952,7 +984,8 @@ impl RTensor {
             return Err(Error::Unsupported {
                 op: "dropout",
                 message: format!("probability {p} is not in [0, 1)"),
-            });
+            }
+            .into());
         }
         let seed = self.h.ctx.next_dropout_seed();
         self.dropout_with_seed(p, seed)
@@ -976,7 +1009,8 @@ fn broadcast_shape_matmul(lhs: &Shape, rhs: &Shape) -> Result<(Shape, Shape)> {
         return Err(Error::Unsupported {
             op: "broadcast_matmul",
             message: format!("only 2d matrixes are supported {lhs:?} {rhs:?}"),
-        });
+        }
+        .into());
     }
     let (m, lk) = (ld[ld.len() - 2], ld[ld.len() - 1]);
     let (rk, n) = (rd[rd.len() - 2], rd[rd.len() - 1]);
@@ -984,7 +1018,8 @@ fn broadcast_shape_matmul(lhs: &Shape, rhs: &Shape) -> Result<(Shape, Shape)> {
         return Err(Error::Unsupported {
             op: "broadcast_matmul",
             message: format!("different inner dimensions {lhs:?} {rhs:?}"),
-        });
+        }
+        .into());
     }
     let lb = Shape::from(&ld[..ld.len() - 2]);
     let rb = Shape::from(&rd[..rd.len() - 2]);

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Storage, Tensor, Var};
 use common::{bits, rand};
-use remat_candle::{Budget, Remat, RematConfig};
+use remat_candle::{Budget, CandleErrorExt, Remat, RematConfig};
 use remat_dtr::{BudgetMode, DtrConfig};
 
 /// Elements actually held by the storage behind `t` (0 when evicted).
@@ -243,9 +243,12 @@ fn tensors_of_two_contexts_do_not_mix() {
     let y = b
         .input(&Tensor::ones(3, DType::F32, &Device::Cpu).unwrap())
         .unwrap();
+    let e = x
+        .add(&y)
+        .expect_err("tensors of two contexts were combined");
     assert!(matches!(
-        x.add(&y),
-        Err(remat_candle::Error::ContextMismatch { .. })
+        e.remat_error(),
+        Some(remat_candle::Error::ContextMismatch { op: "add" })
     ));
 }
 

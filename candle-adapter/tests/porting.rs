@@ -1,0 +1,101 @@
+//! Porting from candle: the error and result types of model code written for
+//! candle (`candle_core::Result`, `bail!`, a tail `forward`) compile unchanged,
+//! and remat's typed errors are recovered from candle's error by downcast.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use common::rand;
+use remat_candle::nn::{self, Module};
+use remat_candle::{
+    BudgetMode, CandleErrorExt, DtrConfig, Error, MemoryUsage, RTensor, Remat, RematConfig,
+    RuntimeStats,
+};
+
+/// A block as candle-transformers writes it: candle's `Result`, `bail!`, `?` on
+/// plain candle calls and a tail call of a layer's `forward`.
+struct Block {
+    linear: nn::Linear,
+}
+
+impl Block {
+    fn forward(&self, xs: &RTensor) -> candle_core::Result<RTensor> {
+        let (_b, d) = xs.dims2()?;
+        if d != 4 {
+            candle_core::bail!("expected 4 features, got {d}")
+        }
+        let _plain = Tensor::zeros(1, DType::F32, xs.device())?; // a plain candle call
+        self.linear.forward(xs)
+    }
+}
+
+impl Module for Block {
+    fn forward(&self, xs: &RTensor) -> remat_candle::Result<RTensor> {
+        Block::forward(self, xs)
+    }
+}
+
+#[test]
+fn candle_result_bail_and_tail_forward_compile_and_run() {
+    let remat = Remat::unbounded().unwrap();
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let block = Block {
+        linear: nn::linear(&remat, 4, 3, vb.pp("l")).unwrap(),
+    };
+    let x = remat.input(&rand(1, &[2, 4], -1.0, 1.0)).unwrap();
+    assert_eq!(block.forward(&x).unwrap().dims(), &[2, 3]);
+    assert_eq!(x.apply(&block).unwrap().dims(), &[2, 3]);
+    let bad = remat.input(&rand(2, &[2, 5], -1.0, 1.0)).unwrap();
+    let e = Block::forward(&block, &bad).unwrap_err();
+    assert!(e.to_string().contains("expected 4 features, got 5"), "{e}");
+    // A candle error carries no remat error.
+    assert!(e.remat_error().is_none());
+}
+
+#[test]
+fn typed_errors_are_recovered_through_context_layers() {
+    let budget = 1000;
+    let remat = Remat::new(
+        RematConfig::new()
+            .with_budget_bytes(budget)
+            .with_dtr(DtrConfig::default().with_budget_mode(BudgetMode::Logical)),
+    )
+    .unwrap();
+    let x = remat.input(&rand(6, &[100], -1.0, 1.0)).unwrap();
+    let e = x
+        .reshape((100, 1))
+        .unwrap()
+        .matmul(&x.reshape((1, 100)).unwrap())
+        .map_err(|e| e.context("attention scores"))
+        .expect_err("a 40 kB output fit a 1 kB budget");
+    assert!(e.is_impossible_budget(), "{e}");
+    assert_eq!(e.impossible_budget().unwrap().needed, 40_000);
+    assert!(e.to_string().contains("attention scores"), "{e}");
+    // Owned: the typed error out of candle's, for a `match`.
+    match Error::downcast(e) {
+        Ok(Error::Dtr(d)) => assert!(d.is_impossible_budget()),
+        other => panic!("expected Error::Dtr, got {other:?}"),
+    }
+    // Errors of this crate's own checks are typed too.
+    let e = x.dropout(1.5).unwrap_err();
+    assert!(matches!(
+        e.remat_error(),
+        Some(Error::Unsupported { op: "dropout", .. })
+    ));
+    // Round trip: candle's error back into the typed one keeps the variant.
+    let typed: Error = e.into();
+    assert!(matches!(typed, Error::Unsupported { op: "dropout", .. }));
+}
+
+#[test]
+fn figures_and_settings_come_from_this_crate() {
+    let remat = Remat::unbounded().unwrap();
+    let _x = remat.input(&rand(1, &[4], 0.0, 1.0)).unwrap();
+    let s: RuntimeStats = remat.stats().unwrap();
+    let u: MemoryUsage = remat.memory_usage().unwrap();
+    assert_eq!(s.live_bytes, 16);
+    assert_eq!(u.allocated, 16);
+    let _cfg: remat_candle::AllocatorConfig = Default::default();
+}
