@@ -155,6 +155,24 @@ impl Graph {
         self.recent_remat > Self::THRASH_FACTOR * self.recent_compute
     }
 
+    /// Regenerating `s` takes exactly one op: every input of its producer is
+    /// resident, and no evicted storage is produced from it (evicting it
+    /// lengthens no evicted lineage). The threshold trigger evicts only such
+    /// storages, so that under any threshold, 0 included, a read costs at most
+    /// one replay instead of the whole evicted chain behind it.
+    pub(crate) fn one_op_away(&self, s: StorageId) -> bool {
+        let r = self.st(s);
+        let Some(p) = r.producer else {
+            return false;
+        };
+        let inputs_resident =
+            (self.ops[p.0].unique_inputs.iter()).all(|&i| self.st(i).is_resident());
+        inputs_resident
+            && r.users.iter().all(|&u| {
+                (self.ops[u.0].outputs.iter().flatten()).all(|&o| self.st(o).is_resident())
+            })
+    }
+
     #[inline]
     pub(crate) fn st(&self, s: StorageId) -> &StorageRec {
         &self.storages[s.0]

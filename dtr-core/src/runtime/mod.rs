@@ -73,6 +73,9 @@ pub struct Runtime<V> {
     pool: Vec<StorageId>,
     pool_hot: Vec<Hot>,
     victims: Vec<StorageId>,
+    /// Set while the threshold trigger evicts: only storages one op away from
+    /// resident inputs are chosen ([`crate::graph::Graph::one_op_away`]).
+    shallow_only: bool,
     frames: Vec<Frame>,
     touched: Vec<StorageId>,
     /// True while [`Runtime::hold`] runs its work list: finished inputs waiting
@@ -141,6 +144,7 @@ impl<V> Runtime<V> {
             pool: Vec::new(),
             pool_hot: Vec::new(),
             victims: Vec::new(),
+            shallow_only: false,
             frames: Vec::new(),
             touched: Vec::new(),
             regenerating: false,
@@ -1429,17 +1433,25 @@ impl<V> Runtime<V> {
         let Some(threshold) = self.config.threshold else {
             return Ok(());
         };
+        self.shallow_only = true;
+        let mut result = Ok(());
         while self.stats.live_bytes > threshold {
             let req = Request {
                 bytes: 0,
                 shape: None,
                 free_bytes: self.memory.free_bytes(),
             };
-            if !self.evict_some(req)? {
-                break;
+            match self.evict_some(req) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
-        Ok(())
+        self.shallow_only = false;
+        result
     }
 
     /// Set (or clear) the byte threshold: before each op, evict while resident
@@ -1634,6 +1646,33 @@ impl<V> Runtime<V> {
             self.pool.extend(cands.iter().take(64));
             self.pool_hot.extend(hot.iter().take(64));
         }
+        if self.shallow_only {
+            self.keep_one_op_away();
+        }
+    }
+
+    /// Threshold trigger: keep the pool's storages that are one op away from
+    /// resident inputs; when the sample holds none, scan every candidate.
+    fn keep_one_op_away(&mut self) {
+        let g = &self.graph;
+        let mut k = 0;
+        for i in 0..self.pool.len() {
+            if g.one_op_away(self.pool[i]) {
+                self.pool.swap(k, i);
+                self.pool_hot.swap(k, i);
+                k += 1;
+            }
+        }
+        self.pool.truncate(k);
+        self.pool_hot.truncate(k);
+        if k == 0 {
+            for (i, &s) in g.candidates.iter().enumerate() {
+                if g.one_op_away(s) {
+                    self.pool.push(s);
+                    self.pool_hot.push(g.hot[i]);
+                }
+            }
+        }
     }
 
     /// Ask the policy which storages it would evict to place `bytes` now, without
@@ -1655,6 +1694,9 @@ impl<V> Runtime<V> {
         let defragmenting = self.defragmenting();
         self.fill_pool();
         self.victims.clear();
+        if self.pool.is_empty() {
+            return;
+        }
         let mut view = DecisionView {
             graph: &mut self.graph,
             memory: &*self.memory,
@@ -1699,14 +1741,20 @@ impl<V> Runtime<V> {
                 victims.push(s);
             }
         }
+        let mut evicted = false;
         for &s in &victims {
-            if self.graph.st(s).cand_pos != NONE {
+            // Under the threshold trigger, an earlier victim may have made this
+            // one two ops away: checked at each eviction.
+            if self.graph.st(s).cand_pos != NONE
+                && (!self.shallow_only || self.graph.one_op_away(s))
+            {
                 self.log_eviction(s, false);
                 self.evict_storage(s, false)?;
+                evicted = true;
             }
         }
         self.victims = victims;
-        Ok(true)
+        Ok(evicted || !self.shallow_only)
     }
 
     // ----- invariants ----------------------------------------------------------
