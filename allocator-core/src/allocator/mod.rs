@@ -8,6 +8,8 @@
 mod expandable;
 #[cfg(any(test, feature = "invariant-checks"))]
 mod invariants;
+#[cfg(test)]
+mod reference;
 mod state;
 #[cfg(test)]
 mod tests;
