@@ -11,9 +11,9 @@
 //!
 //! ```text
 //!   segment (one Device::allocate)                       pools (free blocks only)
-//!   ┌──────────┬──────┬────────────┬──────────────┐      small: BTreeSet<(stream, size, ptr)>
-//!   │ alloc'd  │ free │  alloc'd   │     free     │      large: BTreeSet<(stream, size, ptr)>
-//!   └──────────┴──────┴────────────┴──────────────┘
+//!   ┌──────────┬──────┬────────────┬──────────────┐      small, large: per stream, size bins
+//!   │ alloc'd  │ free │  alloc'd   │     free     │      sorted by (size, ptr) + a two-level
+//!   └──────────┴──────┴────────────┴──────────────┘      bitmap of non-empty bins (TLSF layout)
 //!     prev ⇄ next links between address-contiguous blocks: split on malloc,
 //!     merge on free, never two free neighbours; get_adjacent_free_size reads
 //!     the two neighbours of a block in O(1).
@@ -26,7 +26,7 @@
 //! | [`device`] | the [`Device`] trait (segments, memory info, streams/events, optional virtual memory) and the simulated, host and CUDA (`cuda` feature) devices |
 //! | [`config`] | [`AllocatorConfig`]: `PYTORCH_CUDA_ALLOC_CONF` syntax, parsed once from `REMAT_ALLOC_CONF` / `PYTORCH_CUDA_ALLOC_CONF` |
 //! | [`size`] | constants and size arithmetic (`round_size`, segment sizes, `format_size`) |
-//! | `block`, `pool` (private) | the block arena (ids, not pointers, for prev/next) and the best-fit pools |
+//! | `block`, `pool` (private) | the block arena (ids, not pointers, for prev/next) and the best-fit pools: PyTorch's exact choice (smallest block ≥ the request on its stream, lowest address among equals) from segregated size bins |
 //! | [`allocator`] | [`CachingAllocator`]: malloc / free / record_stream / empty_cache / expandable segments / memory fraction |
 //! | [`stats`] | [`DeviceStats`] with PyTorch's key names |
 //! | [`snapshot`] | [`Snapshot`] of segments and blocks, alloc/free trace, JSON and pickle export (`serde` feature) |

@@ -1,11 +1,27 @@
 //! Best-fit pools of free blocks (PyTorch's `BlockPool`).
 //!
-//! PyTorch keeps one set ordered by `(stream, size, address)`. Here each stream
-//! has its own map keyed by `size << 64 | address` (one `u128` compare instead of
-//! three), and the streams are kept sorted, so iterating all streams in order is
-//! the same `(stream, size, address)` order. A lower-bound lookup on `(size, 0)`
-//! within the stream is best fit with ties broken by the lowest address.
-//! `unmapped` holds the unmapped blocks of expandable segments in address order.
+//! PyTorch keeps one set ordered by `(stream, size, address)` and takes the lower
+//! bound of `(stream, size, 0)`: the smallest block of at least the request on
+//! the stream, the lowest address among equal sizes. Here each stream has a
+//! segregated-fit index (TLSF's two-level layout) that returns exactly that
+//! block without a tree:
+//!
+//! ```text
+//!   size ──▶ bin (monotonic: a larger size never maps to a lower bin)
+//!            sizes < 32·512 B: one bin per 512 B step; above: 32 bins per power of two
+//!   bins[b]: Vec<Entry> sorted by (size, address)         (usually 0–3 entries)
+//!   groups:  u64, bit g set ⇔ some bin of group g (32 bins) is non-empty
+//!   nonempty[g]: u32, bit i set ⇔ bins[32·g + i] is non-empty
+//! ```
+//!
+//! Best fit for `size`: binary search in `bins[bin(size)]` for the first entry of
+//! at least `size`; if there is none, the first entry of the next non-empty bin
+//! (two `trailing_zeros`). Every entry of a higher bin is larger than every entry
+//! of a lower one, so this is the global minimum of `(size, address)` over the
+//! blocks of at least `size` — PyTorch's choice. Insert and remove are a binary
+//! search and a short `Vec` shift; bins keep their capacity, so the steady state
+//! allocates nothing. `unmapped` holds the unmapped blocks of expandable
+//! segments in address order (cold paths only).
 
 use crate::block::BlockId;
 use crate::device::{DevicePtr, StreamId};
@@ -14,15 +30,35 @@ use std::collections::BTreeMap;
 /// Key of the address-ordered set.
 pub(crate) type AddrKey = (StreamId, DevicePtr);
 
-/// `size << 64 | ptr`: orders by size, then address.
-#[inline]
-fn key(size: usize, ptr: DevicePtr) -> u128 {
-    ((size as u128) << 64) | u128::from(ptr)
-}
+/// log2 of the bins per power of two (and of the linear bins' count).
+const SL_BITS: u32 = 5;
+/// Bins per power of two.
+const SL_COUNT: usize = 1 << SL_BITS;
+/// Sizes are indexed in 512-byte units (every block size is a multiple of 512).
+const UNIT_SHIFT: u32 = 9;
+/// Largest unit count's log2 + 1: sizes are < 1 EiB = 2^60 bytes, so units < 2^51.
+/// Larger sizes (only as search keys) clamp to the last bin.
+const FL_MAX: u32 = 51;
+/// Number of bins: the linear bins, then `SL_COUNT` per power of two from
+/// `2^SL_BITS` units up to `2^FL_MAX`.
+const BIN_COUNT: usize = SL_COUNT * (FL_MAX - SL_BITS + 1) as usize;
+/// Groups of `SL_COUNT` bins, one bit each in `groups` (must fit a `u64`).
+const GROUP_COUNT: usize = BIN_COUNT / SL_COUNT;
+const _: () = assert!(GROUP_COUNT <= 64);
 
+/// The bin of `size`: monotonic non-decreasing in `size`.
 #[inline]
-fn unkey(k: u128) -> (usize, DevicePtr) {
-    ((k >> 64) as usize, k as u64)
+fn bin_of(size: usize) -> usize {
+    let units = (size >> UNIT_SHIFT) as u64;
+    if units < SL_COUNT as u64 {
+        return units as usize;
+    }
+    let fl = 63 - units.leading_zeros(); // ≥ SL_BITS
+    if fl >= FL_MAX {
+        return BIN_COUNT - 1;
+    }
+    let sl = (units >> (fl - SL_BITS)) as usize & (SL_COUNT - 1);
+    (fl - SL_BITS + 1) as usize * SL_COUNT + sl
 }
 
 /// A free block as the pool stores it.
@@ -33,11 +69,160 @@ pub(crate) struct Entry {
     pub id: BlockId,
 }
 
+impl Entry {
+    #[inline]
+    fn key(&self) -> (usize, DevicePtr) {
+        (self.size, self.ptr)
+    }
+}
+
+/// The free blocks of one stream. Invariants: each `bins[b]` is sorted by
+/// `(size, ptr)` and holds only sizes with `bin_of(size) == b`; bit `b % 32` of
+/// `nonempty[b / 32]` is set iff `bins[b]` is non-empty; bit `g` of `groups` is
+/// set iff `nonempty[g] != 0`.
+#[derive(Debug)]
+struct StreamIndex {
+    stream: StreamId,
+    groups: u64,
+    nonempty: [u32; GROUP_COUNT],
+    bins: Box<[Vec<Entry>]>,
+}
+
+impl StreamIndex {
+    fn new(stream: StreamId) -> Self {
+        StreamIndex {
+            stream,
+            groups: 0,
+            nonempty: [0; GROUP_COUNT],
+            bins: (0..BIN_COUNT).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    #[inline]
+    fn mark(&mut self, bin: usize) {
+        self.nonempty[bin / SL_COUNT] |= 1 << (bin % SL_COUNT);
+        self.groups |= 1 << (bin / SL_COUNT);
+    }
+
+    #[inline]
+    fn unmark(&mut self, bin: usize) {
+        let g = bin / SL_COUNT;
+        self.nonempty[g] &= !(1 << (bin % SL_COUNT));
+        if self.nonempty[g] == 0 {
+            self.groups &= !(1 << g);
+        }
+    }
+
+    /// The first non-empty bin at or above `bin`.
+    #[inline]
+    fn next_nonempty(&self, bin: usize) -> Option<usize> {
+        if bin >= BIN_COUNT {
+            return None;
+        }
+        let g = bin / SL_COUNT;
+        let in_group = self.nonempty[g] & (u32::MAX << (bin % SL_COUNT));
+        if in_group != 0 {
+            return Some(g * SL_COUNT + in_group.trailing_zeros() as usize);
+        }
+        let above = self.groups & u64::MAX.checked_shl(g as u32 + 1).unwrap_or(0);
+        if above == 0 {
+            return None;
+        }
+        let g = above.trailing_zeros() as usize;
+        Some(g * SL_COUNT + self.nonempty[g].trailing_zeros() as usize)
+    }
+
+    /// Position of the first entry of at least `size`: `(bin, index)`.
+    #[inline]
+    fn lower_bound(&self, size: usize) -> Option<(usize, usize)> {
+        let b = bin_of(size);
+        let bin = &self.bins[b];
+        let i = bin.partition_point(|e| e.size < size);
+        if i < bin.len() {
+            return Some((b, i));
+        }
+        self.next_nonempty(b + 1).map(|b| (b, 0))
+    }
+
+    #[inline]
+    fn insert(&mut self, e: Entry) -> bool {
+        let b = bin_of(e.size);
+        let bin = &mut self.bins[b];
+        match bin.binary_search_by(|x| x.key().cmp(&e.key())) {
+            Ok(_) => false,
+            Err(i) => {
+                bin.insert(i, e);
+                self.mark(b);
+                true
+            }
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, size: usize, ptr: DevicePtr) -> Option<BlockId> {
+        let b = bin_of(size);
+        let bin = &mut self.bins[b];
+        let i = bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?;
+        let e = bin.remove(i);
+        if bin.is_empty() {
+            self.unmark(b);
+        }
+        Some(e.id)
+    }
+
+    /// Every entry in `(size, address)` order, visiting only non-empty bins.
+    fn iter(&self) -> AtLeast<'_> {
+        match self.next_nonempty(0) {
+            Some(bin) => AtLeast {
+                index: Some(self),
+                bin,
+                at: 0,
+            },
+            None => AtLeast {
+                index: None,
+                bin: 0,
+                at: 0,
+            },
+        }
+    }
+}
+
+/// Entries of one stream from a position on, in `(size, address)` order.
+pub(crate) struct AtLeast<'a> {
+    index: Option<&'a StreamIndex>,
+    bin: usize,
+    at: usize,
+}
+
+impl Iterator for AtLeast<'_> {
+    type Item = Entry;
+
+    #[inline]
+    fn next(&mut self) -> Option<Entry> {
+        let index = self.index?;
+        if let Some(e) = index.bins[self.bin].get(self.at) {
+            self.at += 1;
+            return Some(*e);
+        }
+        match index.next_nonempty(self.bin + 1) {
+            Some(b) => {
+                self.bin = b;
+                self.at = 1;
+                Some(index.bins[b][0])
+            }
+            None => {
+                self.index = None;
+                None
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct BlockPool {
-    /// Free mapped blocks per stream, streams in ascending order. A stream's map
-    /// stays (possibly empty) once created, so its node is reused.
-    streams: Vec<(StreamId, BTreeMap<u128, BlockId>)>,
+    /// Free mapped blocks per stream, streams in ascending order. A stream's
+    /// index stays (possibly empty) once created, so its bins are reused.
+    streams: Vec<StreamIndex>,
     /// Number of blocks over all streams.
     len: usize,
     /// Unmapped expandable blocks, address order.
@@ -57,30 +242,30 @@ impl BlockPool {
     }
 
     #[inline]
-    fn map(&self, stream: StreamId) -> Option<&BTreeMap<u128, BlockId>> {
-        self.streams
-            .iter()
-            .find(|(s, _)| *s == stream)
-            .map(|(_, m)| m)
+    fn index(&self, stream: StreamId) -> Option<&StreamIndex> {
+        self.streams.iter().find(|s| s.stream == stream)
     }
 
     #[inline]
-    fn map_mut(&mut self, stream: StreamId) -> &mut BTreeMap<u128, BlockId> {
-        let i = match self.streams.iter().position(|(s, _)| *s == stream) {
+    fn index_mut(&mut self, stream: StreamId) -> &mut StreamIndex {
+        let i = match self.streams.iter().position(|s| s.stream == stream) {
             Some(i) => i,
-            None => {
-                let at = self.streams.partition_point(|(s, _)| *s < stream);
-                self.streams.insert(at, (stream, BTreeMap::new()));
-                at
-            }
+            None => self.add_stream(stream),
         };
-        &mut self.streams[i].1
+        &mut self.streams[i]
+    }
+
+    #[cold]
+    fn add_stream(&mut self, stream: StreamId) -> usize {
+        let at = self.streams.partition_point(|s| s.stream < stream);
+        self.streams.insert(at, StreamIndex::new(stream));
+        at
     }
 
     /// Adds a free block.
     #[inline]
     pub(crate) fn insert(&mut self, stream: StreamId, size: usize, ptr: DevicePtr, id: BlockId) {
-        if self.map_mut(stream).insert(key(size, ptr), id).is_none() {
+        if self.index_mut(stream).insert(Entry { size, ptr, id }) {
             self.len += 1;
         }
     }
@@ -93,7 +278,8 @@ impl BlockPool {
         size: usize,
         ptr: DevicePtr,
     ) -> Option<BlockId> {
-        let removed = self.map_mut(stream).remove(&key(size, ptr));
+        let i = self.streams.iter().position(|s| s.stream == stream)?;
+        let removed = self.streams[i].remove(size, ptr);
         if removed.is_some() {
             self.len -= 1;
         }
@@ -103,8 +289,10 @@ impl BlockPool {
     /// The id stored for `(stream, size, ptr)`, if any.
     #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn get(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<BlockId> {
-        self.map(stream)
-            .and_then(|m| m.get(&key(size, ptr)).copied())
+        let bin = &self.index(stream)?.bins[bin_of(size)];
+        bin.binary_search_by(|x| x.key().cmp(&(size, ptr)))
+            .ok()
+            .map(|i| bin[i].id)
     }
 
     /// Number of free blocks.
@@ -115,38 +303,41 @@ impl BlockPool {
 
     /// Every free block in `(stream, size, address)` order.
     pub(crate) fn ids(&self) -> Vec<BlockId> {
-        self.streams
-            .iter()
-            .flat_map(|(_, m)| m.values().copied())
-            .collect()
+        let mut out = Vec::with_capacity(self.len);
+        for s in &self.streams {
+            out.extend(s.iter().map(|e| e.id));
+        }
+        out
     }
 
     /// Free blocks of `stream` with size ≥ `size`, best fit first.
     #[inline]
-    pub(crate) fn at_least(
-        &self,
-        stream: StreamId,
-        size: usize,
-    ) -> impl Iterator<Item = Entry> + '_ {
-        self.map(stream).into_iter().flat_map(move |m| {
-            m.range(key(size, 0)..).map(|(k, id)| {
-                let (size, ptr) = unkey(*k);
-                Entry { size, ptr, id: *id }
-            })
-        })
+    pub(crate) fn at_least(&self, stream: StreamId, size: usize) -> AtLeast<'_> {
+        let index = self.index(stream);
+        match index.and_then(|s| s.lower_bound(size)) {
+            Some((bin, at)) => AtLeast { index, bin, at },
+            None => AtLeast {
+                index: None,
+                bin: 0,
+                at: 0,
+            },
+        }
     }
 
-    /// Free blocks of `stream` with size < `size`, largest first.
+    /// Free blocks of `stream` with size < `size`, largest first (cold: the
+    /// release of cached oversize blocks before an out-of-memory error).
     pub(crate) fn below_descending(
         &self,
         stream: StreamId,
         size: usize,
     ) -> impl Iterator<Item = Entry> + '_ {
-        self.map(stream).into_iter().flat_map(move |m| {
-            m.range(..key(size, 0)).rev().map(|(k, id)| {
-                let (size, ptr) = unkey(*k);
-                Entry { size, ptr, id: *id }
-            })
+        let top = bin_of(size);
+        self.index(stream).into_iter().flat_map(move |s| {
+            s.bins[..=top]
+                .iter()
+                .rev()
+                .flat_map(|b| b.iter().rev().copied())
+                .filter(move |e| e.size < size)
         })
     }
 }
@@ -178,5 +369,90 @@ mod tests {
         assert_eq!(p.get(s1, 4096, 0x3000), Some(BlockId(1)));
         assert_eq!(p.at_least(StreamId(9), 0).count(), 0);
         assert_eq!(p.len(), 3);
+    }
+
+    #[test]
+    fn bins_are_monotonic_and_cover_every_size() {
+        let mut last = 0;
+        let mut size = 1usize;
+        while size < (1usize << 62) {
+            for s in [size - 1, size, size + 511, size + (size >> 3), size * 3 / 2] {
+                assert!(bin_of(s) < BIN_COUNT, "bin_of({s}) out of range");
+            }
+            let b = bin_of(size);
+            assert!(b >= last, "bin_of({size}) = {b} < {last}");
+            last = b;
+            size += (size >> 4).max(1);
+        }
+        assert_eq!(bin_of(usize::MAX), BIN_COUNT - 1);
+        // The linear bins: one per 512 B step.
+        assert_eq!((bin_of(512), bin_of(1023), bin_of(1024)), (1, 1, 2));
+    }
+
+    /// The index against a `BTreeMap` over `(size, ptr)` (the previous
+    /// implementation) on random inserts, removes and queries: every best fit,
+    /// descending walk and full listing agree.
+    #[test]
+    fn index_matches_an_ordered_map() {
+        let mut state = 0x1234_5678_u64;
+        let mut rand = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let sizes = [512usize, 1024, 4096, 1 << 20, 2 << 20, 20 << 20, 1 << 40];
+        let mut p = BlockPool::new();
+        let mut model: BTreeMap<(u64, usize, DevicePtr), u32> = BTreeMap::new();
+        for step in 0..20_000u32 {
+            let stream = rand() % 3;
+            let size = if rand() % 2 == 0 {
+                sizes[(rand() % sizes.len() as u64) as usize]
+            } else {
+                ((rand() % (1 << 16)) as usize + 1) << (rand() % 20 + 9)
+            };
+            let ptr = (rand() % 64) << 20;
+            match rand() % 3 {
+                0 | 1 => {
+                    let fresh = !model.contains_key(&(stream, size, ptr));
+                    p.insert(StreamId(stream), size, ptr, BlockId(step));
+                    if fresh {
+                        model.insert((stream, size, ptr), step);
+                    }
+                }
+                _ => {
+                    let want = model.remove(&(stream, size, ptr)).map(BlockId);
+                    if want.is_none() {
+                        // Remove an existing block instead, found through the model.
+                        if let Some((&k, _)) = model.range((stream, size, 0)..).next() {
+                            let id = model.remove(&k).map(BlockId);
+                            assert_eq!(p.remove(StreamId(k.0), k.1, k.2), id);
+                        }
+                        continue;
+                    }
+                    assert_eq!(p.remove(StreamId(stream), size, ptr), want);
+                }
+            }
+            let q = (rand() % (64 << 20)) as usize;
+            let got: Vec<u32> = p.at_least(StreamId(stream), q).map(|e| e.id.0).collect();
+            let want: Vec<u32> = model
+                .range((stream, q, 0)..(stream + 1, 0, 0))
+                .map(|(_, &v)| v)
+                .collect();
+            assert_eq!(got, want, "step {step}: at_least({q})");
+            let got: Vec<u32> = p
+                .below_descending(StreamId(stream), q)
+                .map(|e| e.id.0)
+                .collect();
+            let want: Vec<u32> = model
+                .range((stream, 0, 0)..(stream, q, 0))
+                .rev()
+                .map(|(_, &v)| v)
+                .collect();
+            assert_eq!(got, want, "step {step}: below_descending({q})");
+            assert_eq!(p.len(), model.len());
+        }
+        let ids: Vec<u32> = p.ids().iter().map(|b| b.0).collect();
+        assert_eq!(ids, model.values().copied().collect::<Vec<_>>());
     }
 }
