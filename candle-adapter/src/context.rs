@@ -1,8 +1,9 @@
 //! [`Remat`]: the context that owns one DTR runtime and hands out [`RTensor`]s, and
 //! [`RematConfig`]: its budget (bytes or a fraction), policy and cost model.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
 use candle_core::{Tensor, Var};
@@ -11,9 +12,9 @@ use remat_dtr::{
     RuntimeStats, TensorId,
 };
 
-use crate::cell::{tensor_bytes, Cell};
+use crate::cell::{storage_addr, tensor_bytes, Cell};
 use crate::error::{DtrResultExt, Error, Result, Typed};
-use crate::tensor::RTensor;
+use crate::tensor::{Handle, RTensor};
 
 /// How an op's recompute cost (the `cost` in the eviction score) is obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -203,6 +204,11 @@ pub(crate) struct Inner {
     /// The eviction threshold of the configuration; calibration never raises
     /// the runtime's above it.
     pub(crate) configured_threshold: Option<u64>,
+    /// External storages by address: the handle and the bytes its record counts.
+    /// A storage brought in again (a tied weight wrapped twice) reuses the
+    /// handle, so it is counted once. Entries whose handle died are replaced
+    /// (the address may have been reused) and pruned as the map grows.
+    externals: Mutex<HashMap<usize, (Weak<Handle>, u64)>>,
 }
 
 impl Inner {
@@ -350,6 +356,7 @@ impl Remat {
                 dropout_seed: AtomicU64::new(config.dropout_seed),
                 budget,
                 configured_threshold,
+                externals: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -371,25 +378,82 @@ impl Remat {
 
     /// Bring external data in (a batch, a target): counted in the budget, never
     /// evicted. The tensor is shared, not copied.
+    ///
+    /// A storage already brought in (and still held) is not counted again: the
+    /// same record serves both, as for an output layer tied to an embedding
+    /// table, provided the first view covers at least as many bytes.
     pub fn input(&self, t: &Tensor) -> Result<RTensor> {
-        let base = t.contiguous()?;
+        self.external(t.contiguous()?)
+    }
+
+    fn external(&self, t: Tensor) -> Result<RTensor> {
+        let addr = storage_addr(&t);
+        let bytes = tensor_bytes(&t);
+        let mut map = self.inner.externals.lock().map_err(|_| Error::Poisoned)?;
+        if let Some((weak, counted)) = map.get(&addr) {
+            if let Some(h) = weak.upgrade() {
+                if *counted >= bytes {
+                    return Ok(RTensor::with_handle(t, h));
+                }
+            }
+        }
         let mut rt = self.inner.lock()?;
-        let id = rt
-            .put(Cell::external(base.detach()), tensor_bytes(&base))
-            .c()?;
+        let id = rt.put(Cell::external(t.detach()), bytes).c()?;
         drop(rt);
-        Ok(RTensor::from_parts(base, id, self.inner.clone()))
+        let r = RTensor::from_parts(t, id, self.inner.clone(), true);
+        if map.len() >= 64 {
+            map.retain(|_, (w, _)| w.strong_count() > 0);
+        }
+        map.insert(addr, (r.weak_handle(), bytes));
+        Ok(r)
+    }
+
+    /// candle's `Tensor::new(array, device)` brought in with [`Remat::input`]: a
+    /// constant inside `forward` (a scalar for a mask, a position table).
+    pub fn tensor<A: candle_core::NdArray>(
+        &self,
+        array: A,
+        device: &candle_core::Device,
+    ) -> Result<RTensor> {
+        self.input(&Tensor::new(array, device)?)
+    }
+
+    /// candle's `Tensor::arange(start, end, device)` as an input.
+    pub fn arange<D: candle_core::WithDType>(
+        &self,
+        start: D,
+        end: D,
+        device: &candle_core::Device,
+    ) -> Result<RTensor> {
+        self.input(&Tensor::arange(start, end, device)?)
+    }
+
+    /// candle's `Tensor::zeros(shape, dtype, device)` as an input.
+    pub fn zeros<S: Into<candle_core::Shape>>(
+        &self,
+        shape: S,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+    ) -> Result<RTensor> {
+        self.input(&Tensor::zeros(shape, dtype, device)?)
+    }
+
+    /// candle's `Tensor::ones(shape, dtype, device)` as an input.
+    pub fn ones<S: Into<candle_core::Shape>>(
+        &self,
+        shape: S,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+    ) -> Result<RTensor> {
+        self.input(&Tensor::ones(shape, dtype, device)?)
     }
 
     /// A trainable parameter: the variable's tensor, shared (optimizer updates are
     /// seen), counted in the budget, never evicted. Gradients land in candle's
     /// `GradStore` under the variable, so candle-nn optimizers work unchanged.
+    /// Like [`Remat::input`], a storage already held is counted once.
     pub fn param(&self, v: &Var) -> Result<RTensor> {
-        let t = v.as_tensor().clone();
-        let mut rt = self.inner.lock()?;
-        let id = rt.put(Cell::external(t.detach()), tensor_bytes(&t)).c()?;
-        drop(rt);
-        Ok(RTensor::from_parts(t, id, self.inner.clone()))
+        self.external(v.as_tensor().clone())
     }
 
     /// End a training step: call it after the optimizer step, once per step.

@@ -381,14 +381,37 @@ pub(crate) fn apply(
     vjp: Arc<VjpFn>,
     needs_output: bool,
 ) -> crate::Result<RTensor> {
-    Ok(apply_typed(name, inputs, fwd, vjp, needs_output)?)
+    Ok(apply_typed(name, inputs, fwd, Some(vjp), needs_output)?)
 }
 
+/// Run an op through the runtime with candle's own graph node: `fwd` runs on the
+/// *attached* inputs, so candle records its own op and its own backward (which
+/// accumulates gradients exactly as plain candle does, e.g. `index_add` into the
+/// running sum for `index_select`, one `add` per argument for `cat`). Its output
+/// storage is then moved into an identity [`Attach`] node, which makes it
+/// evictable and keeps the inputs' handles for the graph's lifetime.
+///
+/// Only for ops whose candle backward reads no storage of an evictable input (nor
+/// its own output): `cat` reads none, `index_select`/`gather` read only their ids,
+/// so the caller passes ids that are external. `inputs`: any number (≥ 1).
+pub(crate) fn apply_native(
+    name: &'static str,
+    inputs: &[&RTensor],
+    fwd: Arc<FwdFn>,
+) -> crate::Result<RTensor> {
+    Ok(apply_typed(name, inputs, fwd, None, false)?)
+}
+
+fn identity_vjp() -> Arc<VjpFn> {
+    Arc::new(|_, _, g| Ok(vec![Some(g.clone())]))
+}
+
+/// `vjp`: `None` for a native op ([`apply_native`]).
 fn apply_typed(
     name: &'static str,
     inputs: &[&RTensor],
     fwd: Arc<FwdFn>,
-    vjp: Arc<VjpFn>,
+    vjp: Option<Arc<VjpFn>>,
     needs_output: bool,
 ) -> Result<RTensor> {
     let ctx = inputs
@@ -410,6 +433,12 @@ fn apply_typed(
             pinned.push(id);
         }
         let det: Vec<Tensor> = inputs.iter().map(|t| t.attached().detach()).collect();
+        let native = vjp.is_none();
+        let att: Vec<Tensor> = if native {
+            inputs.iter().map(|t| t.attached().clone()).collect()
+        } else {
+            Vec::new()
+        };
         let in_bytes = ids
             .iter()
             .map(|&id| rt.bytes(id))
@@ -422,17 +451,40 @@ fn apply_typed(
             in_bytes,
             || {
                 start = Instant::now();
-                run_fwd(&*fwd, &det)
+                if native {
+                    fwd(&att)
+                } else {
+                    run_fwd(&*fwd, &det)
+                }
             },
             |hint| evict_after_oom(&mut rt, hint),
         )?;
         let elapsed = start.elapsed();
+        if native {
+            let addr = storage_addr(&out);
+            let fresh = out.is_contiguous()
+                && out.layout().start_offset() == 0
+                && !att.iter().any(|i| storage_addr(i) == addr);
+            if !fresh {
+                return Err(Error::Unsupported {
+                    op: name,
+                    message: "candle's op returned a view, not a fresh storage \
+                              (a bug in remat-candle)"
+                        .into(),
+                });
+            }
+        }
         let bytes = tensor_bytes(&out);
         let cost = ctx.cost_of(elapsed, bytes);
         let shape = out.shape().clone();
         let storage = take_storage(&out)?;
-        drop(out);
-        let tracks = inputs.iter().any(|t| t.attached().track_op());
+        // A native op's output stays in candle's graph (with an empty storage its
+        // backward never reads) as the argument of the identity node below.
+        let native_out = if native { Some(out) } else { None };
+        let tracks = match &native_out {
+            Some(o) => o.track_op(),
+            None => inputs.iter().any(|t| t.attached().track_op()),
+        };
         let mut retained = Vec::new();
         if tracks {
             for &id in &ids {
@@ -446,9 +498,12 @@ fn apply_typed(
             inputs: retained,
             output: OnceLock::new(),
             needs_output,
-            vjp,
+            vjp: vjp.unwrap_or_else(identity_vjp),
         });
-        let args: Vec<&Tensor> = inputs.iter().map(|t| t.attached()).collect();
+        let args: Vec<&Tensor> = match &native_out {
+            Some(o) => vec![o],
+            None => inputs.iter().map(|t| t.attached()).collect(),
+        };
         let attached = attach(&args, storage, shape, node.clone())?;
         let handle = Arc::new(Recompute {
             name,
@@ -468,7 +523,7 @@ fn apply_typed(
             // Cannot already be set: the node was created above.
             let _ = node.output.set(out_id);
         }
-        Ok(RTensor::from_parts(attached, out_id, ctx.clone()))
+        Ok(RTensor::from_parts(attached, out_id, ctx.clone(), false))
     })();
     for id in pinned {
         // The pins were taken above on live handles.

@@ -76,6 +76,7 @@ pub mod context;
 pub mod device;
 pub mod error;
 mod graph;
+pub mod index;
 pub mod nn;
 pub mod tensor;
 
@@ -83,6 +84,7 @@ pub use cell::Cell;
 pub use context::{Budget, CostModel, Remat, RematConfig};
 pub use device::{is_device_oom, DeviceMemory};
 pub use error::{CandleErrorExt, Error, Result};
+pub use index::{IndexOp, Indexer};
 /// The runtime's figures, settings and typed errors, re-exported so that a user
 /// of this crate needs no direct dependency on `remat-dtr` or `remat-alloc`:
 /// `remat.stats()` is a [`RuntimeStats`], `remat.memory_usage()` a

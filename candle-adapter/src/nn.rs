@@ -5,7 +5,10 @@
 //! results equal a plain candle-nn model's bit for bit.
 
 use candle_core::{DType, Tensor, D};
-use candle_nn::VarBuilder;
+
+/// candle-nn's configuration structs and parameter plumbing, taken where
+/// candle-nn takes them.
+pub use candle_nn::{Conv2dConfig, Init, LayerNormConfig, VarBuilder, VarMap};
 
 use crate::context::Remat;
 use crate::error::{Error, Result};
@@ -54,6 +57,12 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// A layer over `weight: (out, in)` and an optional `bias: (out,)`
+    /// (candle-nn's `Linear::new`). Give the embedding table itself to tie an
+    /// output layer to it: one storage, counted once.
+    pub fn new(weight: RTensor, bias: Option<RTensor>) -> Self {
+        Self { weight, bias }
+    }
     /// Wrap a candle-nn layer's parameters (shared, not copied).
     pub fn from_candle(remat: &Remat, l: &candle_nn::Linear) -> Result<Self> {
         Ok(Self {
@@ -113,6 +122,17 @@ pub fn linear(remat: &Remat, in_dim: usize, out_dim: usize, vb: VarBuilder) -> R
     Linear::from_candle(remat, &candle_nn::linear(in_dim, out_dim, vb)?)
 }
 
+/// candle-nn's `linear_b`: with a bias when `bias`.
+pub fn linear_b(
+    remat: &Remat,
+    in_dim: usize,
+    out_dim: usize,
+    bias: bool,
+    vb: VarBuilder,
+) -> Result<Linear> {
+    Linear::from_candle(remat, &candle_nn::linear_b(in_dim, out_dim, bias, vb)?)
+}
+
 /// candle-nn's `linear_no_bias` over `vb`.
 pub fn linear_no_bias(
     remat: &Remat,
@@ -134,23 +154,38 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
-    /// Wrap a candle-nn layer's parameters (shared, not copied).
-    pub fn from_candle(remat: &Remat, c: &candle_nn::Conv2d) -> Result<Self> {
-        let cfg = c.config();
+    /// A layer over `weight: (c_out, c_in, kh, kw)`, an optional `bias: (c_out,)`
+    /// and candle-nn's config (candle-nn's `Conv2d::new`; `groups` must be 1).
+    pub fn new(weight: RTensor, bias: Option<RTensor>, cfg: Conv2dConfig) -> Result<Self> {
         if cfg.groups != 1 {
-            return Err(Error::Unsupported {
-                op: "conv2d",
-                message: format!("groups = {} (only 1 is supported)", cfg.groups),
-            }
-            .into());
+            return Err(Error::unsupported(
+                "conv2d",
+                format!("groups = {} (only 1 is supported)", cfg.groups),
+            ));
         }
         Ok(Self {
-            weight: remat.input(c.weight())?,
-            bias: c.bias().map(|b| remat.input(b)).transpose()?,
+            weight,
+            bias,
             padding: cfg.padding,
             stride: cfg.stride,
             dilation: cfg.dilation,
         })
+    }
+    /// Wrap a candle-nn layer's parameters (shared, not copied).
+    pub fn from_candle(remat: &Remat, c: &candle_nn::Conv2d) -> Result<Self> {
+        Self::new(
+            remat.input(c.weight())?,
+            c.bias().map(|b| remat.input(b)).transpose()?,
+            *c.config(),
+        )
+    }
+    /// The kernel, `(c_out, c_in, kh, kw)`.
+    pub fn weight(&self) -> &RTensor {
+        &self.weight
+    }
+    /// The bias, `(c_out,)`.
+    pub fn bias(&self) -> Option<&RTensor> {
+        self.bias.as_ref()
     }
 }
 
@@ -174,7 +209,7 @@ pub fn conv2d(
     in_channels: usize,
     out_channels: usize,
     kernel_size: usize,
-    cfg: candle_nn::Conv2dConfig,
+    cfg: Conv2dConfig,
     vb: VarBuilder,
 ) -> Result<Conv2d> {
     Conv2d::from_candle(
@@ -183,43 +218,162 @@ pub fn conv2d(
     )
 }
 
-/// Layer normalization over the last dimension with weight and bias, the
-/// composition of candle-nn's `LayerNorm::forward` (which has a gradient; the
-/// fused candle-nn kernel has none).
+/// candle-nn's `conv2d_no_bias` over `vb`.
+pub fn conv2d_no_bias(
+    remat: &Remat,
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    cfg: Conv2dConfig,
+    vb: VarBuilder,
+) -> Result<Conv2d> {
+    Conv2d::from_candle(
+        remat,
+        &candle_nn::conv2d_no_bias(in_channels, out_channels, kernel_size, cfg, vb)?,
+    )
+}
+
+/// Layer normalization over the last dimension (candle-nn's `LayerNorm`): the
+/// composition of candle-nn's `LayerNorm::forward` (its non-fused path, which
+/// has a gradient; the fused kernel has none), with or without bias, and
+/// without the mean for RMS normalization.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
     weight: RTensor,
-    bias: RTensor,
+    bias: Option<RTensor>,
+    remove_mean: bool,
     eps: f64,
+}
+
+impl LayerNorm {
+    /// With weight and bias (candle-nn's `LayerNorm::new`).
+    pub fn new(weight: RTensor, bias: RTensor, eps: f64) -> Self {
+        Self {
+            weight,
+            bias: Some(bias),
+            remove_mean: true,
+            eps,
+        }
+    }
+    /// Without bias (candle-nn's `LayerNorm::new_no_bias`).
+    pub fn new_no_bias(weight: RTensor, eps: f64) -> Self {
+        Self {
+            weight,
+            bias: None,
+            remove_mean: true,
+            eps,
+        }
+    }
+    /// RMS normalization: no mean, no bias (candle-nn's `LayerNorm::rms_norm`).
+    pub fn rms_norm(weight: RTensor, eps: f64) -> Self {
+        Self {
+            weight,
+            bias: None,
+            remove_mean: false,
+            eps,
+        }
+    }
+    /// Wrap a candle-nn layer's parameters (shared, not copied).
+    pub fn from_candle(remat: &Remat, ln: &candle_nn::LayerNorm) -> Result<Self> {
+        Ok(Self {
+            weight: remat.input(ln.weight())?,
+            bias: ln.bias().map(|b| remat.input(b)).transpose()?,
+            remove_mean: ln.remove_mean(),
+            eps: ln.eps(),
+        })
+    }
+    /// The scale, `(size,)`.
+    pub fn weight(&self) -> &RTensor {
+        &self.weight
+    }
+    /// The shift, `(size,)`, when there is one.
+    pub fn bias(&self) -> Option<&RTensor> {
+        self.bias.as_ref()
+    }
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        let x_dtype = x.dtype();
+        let internal_dtype = match x_dtype {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        };
         let hidden_size = x.dim(D::Minus1)?;
-        let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
-        let x = x.broadcast_sub(&mean_x)?;
+        let x = x.to_dtype(internal_dtype)?;
+        let x = if self.remove_mean {
+            let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+            x.broadcast_sub(&mean_x)?
+        } else {
+            x
+        };
         let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
         let x_normed = x.broadcast_div(&(norm_x + self.eps)?.sqrt()?)?;
-        let x = x_normed.broadcast_mul(&self.weight)?;
-        x.broadcast_add(&self.bias)
+        let x = x_normed.to_dtype(x_dtype)?.broadcast_mul(&self.weight)?;
+        match &self.bias {
+            None => Ok(x),
+            Some(bias) => x.broadcast_add(bias),
+        }
     }
 }
 
-/// candle-nn's `layer_norm` parameters (weight 1, bias 0) over `vb`.
-pub fn layer_norm(remat: &Remat, size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
-    let cfg = candle_nn::LayerNormConfig {
-        eps,
-        ..Default::default()
-    };
-    let ln = candle_nn::layer_norm(size, cfg, vb)?;
-    let bias = ln.bias().ok_or_else(|| {
-        Error::unsupported("layer_norm", "candle-nn returned a layer norm without bias")
-    })?;
-    Ok(LayerNorm {
-        weight: remat.input(ln.weight())?,
-        bias: remat.input(bias)?,
-        eps,
-    })
+/// candle-nn's `layer_norm` over `vb` (weight 1, bias 0 when `affine`); `config`
+/// is a `LayerNormConfig` or an `eps: f64`.
+pub fn layer_norm<C: Into<LayerNormConfig>>(
+    remat: &Remat,
+    size: usize,
+    config: C,
+    vb: VarBuilder,
+) -> Result<LayerNorm> {
+    LayerNorm::from_candle(remat, &candle_nn::layer_norm(size, config, vb)?)
+}
+
+/// candle-nn's `layer_norm_no_bias` over `vb`.
+pub fn layer_norm_no_bias(
+    remat: &Remat,
+    size: usize,
+    eps: f64,
+    vb: VarBuilder,
+) -> Result<LayerNorm> {
+    LayerNorm::from_candle(remat, &candle_nn::layer_norm_no_bias(size, eps, vb)?)
+}
+
+/// RMS normalization (candle-nn's `RmsNorm`). Its forward is candle-nn's
+/// `RmsNorm::forward_diff` (the differentiable composition): candle-nn's
+/// `forward` uses a fused kernel without backward on contiguous input, so a
+/// plain-candle reference must call `forward_diff` to train (see docs/candle.md).
+#[derive(Debug, Clone)]
+pub struct RmsNorm(LayerNorm);
+
+impl RmsNorm {
+    /// Over `weight: (size,)` (candle-nn's `RmsNorm::new`).
+    pub fn new(weight: RTensor, eps: f64) -> Self {
+        Self(LayerNorm::rms_norm(weight, eps))
+    }
+    /// The layer norm it is.
+    pub fn into_inner(self) -> LayerNorm {
+        self.0
+    }
+    /// The scale, `(size,)`.
+    pub fn weight(&self) -> &RTensor {
+        self.0.weight()
+    }
+    /// The same as `forward` (candle-nn's name for the differentiable path).
+    pub fn forward_diff(&self, xs: &RTensor) -> Result<RTensor> {
+        self.0.forward(xs)
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, xs: &RTensor) -> Result<RTensor> {
+        self.0.forward(xs)
+    }
+}
+
+/// candle-nn's `rms_norm` over `vb` (weight 1).
+pub fn rms_norm(remat: &Remat, size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
+    let rms = candle_nn::rms_norm(size, eps, vb)?;
+    Ok(RmsNorm::new(remat.input(rms.weight())?, eps))
 }
 
 /// Batch normalization in training mode over dimension 1 (batch statistics, the
@@ -273,6 +427,25 @@ pub fn batch_norm(remat: &Remat, channels: usize, eps: f64, vb: VarBuilder) -> R
 pub struct Embedding {
     table: RTensor,
     hidden_size: usize,
+}
+
+impl Embedding {
+    /// A table `(n, hidden_size)` (candle-nn's `Embedding::new`).
+    pub fn new(embeddings: RTensor, hidden_size: usize) -> Self {
+        Self {
+            table: embeddings,
+            hidden_size,
+        }
+    }
+    /// The table, `(n, hidden_size)`: give it to [`Linear::new`] to tie an
+    /// output layer to it.
+    pub fn embeddings(&self) -> &RTensor {
+        &self.table
+    }
+    /// The width of an embedding.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
 }
 
 impl Module for Embedding {
@@ -483,5 +656,156 @@ pub mod loss {
     /// Mean squared error.
     pub fn mse(inp: &RTensor, target: &RTensor) -> Result<RTensor> {
         (inp - target)?.sqr()?.mean_all()
+    }
+}
+
+/// candle-nn's `ops` under the same names, over [`RTensor`]s. Fused candle-nn
+/// kernels without a CPU backward (`softmax_last_dim`, `rms_norm`, `layer_norm`)
+/// are their differentiable compositions here (`softmax`, `rms_norm_slow`,
+/// `layer_norm_slow`): the same values, and a gradient.
+pub mod ops {
+    use candle_core::shape::Dim;
+    use candle_core::{DType, D};
+
+    use crate::error::Result;
+    use crate::tensor::RTensor;
+
+    /// Softmax over `dim` (candle-nn's composition).
+    pub fn softmax<T: Dim>(xs: &RTensor, dim: T) -> Result<RTensor> {
+        xs.softmax(dim)
+    }
+    /// Softmax over the last dimension (candle-nn's `softmax(xs, D::Minus1)`; its
+    /// fused `softmax_last_dim` has no CPU backward).
+    pub fn softmax_last_dim(xs: &RTensor) -> Result<RTensor> {
+        xs.softmax(D::Minus1)
+    }
+    /// Log-softmax over `d` (candle-nn's composition).
+    pub fn log_softmax<T: Dim>(xs: &RTensor, d: T) -> Result<RTensor> {
+        xs.log_softmax(d)
+    }
+    /// SiLU.
+    pub fn silu(xs: &RTensor) -> Result<RTensor> {
+        xs.silu()
+    }
+    /// `silu(a) * b` of the two halves of the last dimension.
+    pub fn swiglu(xs: &RTensor) -> Result<RTensor> {
+        let xs = xs.chunk(2, D::Minus1)?;
+        &xs[0].silu()? * &xs[1]
+    }
+    /// Logistic sigmoid (candle-nn's op and its backward).
+    pub fn sigmoid(xs: &RTensor) -> Result<RTensor> {
+        xs.sigmoid()
+    }
+    /// Dropout with probability `p` (a recorded seed, see [`RTensor::dropout`]).
+    pub fn dropout(xs: &RTensor, p: f32) -> Result<RTensor> {
+        xs.dropout(p)
+    }
+    /// candle-nn's `leaky_relu`: `max(x, 0) + min(x, 0) · slope`.
+    pub fn leaky_relu(xs: &RTensor, negative_slope: f64) -> Result<RTensor> {
+        let zeros = xs.zeros_like()?;
+        xs.maximum(&zeros)? + (xs.minimum(&zeros)? * negative_slope)?
+    }
+    /// RMS normalization of the last dimension scaled by `alpha` (candle-nn's
+    /// `rms_norm_slow`, the differentiable form of its fused `rms_norm`).
+    pub fn rms_norm(x: &RTensor, alpha: &RTensor, eps: f32) -> Result<RTensor> {
+        let x_dtype = x.dtype();
+        let internal_dtype = match x_dtype {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        };
+        let hidden_size = x.dim(D::Minus1)?;
+        let x = x.to_dtype(internal_dtype)?;
+        let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+        let x_normed = x.broadcast_div(&(norm_x + eps as f64)?.sqrt()?)?;
+        x_normed.to_dtype(x_dtype)?.broadcast_mul(alpha)
+    }
+    /// Layer normalization of the last dimension (candle-nn's `layer_norm_slow`,
+    /// the differentiable form of its fused `layer_norm`).
+    pub fn layer_norm(x: &RTensor, alpha: &RTensor, beta: &RTensor, eps: f32) -> Result<RTensor> {
+        let x_dtype = x.dtype();
+        let internal_dtype = match x_dtype {
+            DType::F16 | DType::BF16 => DType::F32,
+            d => d,
+        };
+        let hidden_size = x.dim(D::Minus1)?;
+        let x = x.to_dtype(internal_dtype)?;
+        let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+        let x = x.broadcast_sub(&mean_x)?;
+        let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+        let x_normed = x.broadcast_div(&(norm_x + eps as f64)?.sqrt()?)?;
+        x_normed
+            .to_dtype(x_dtype)?
+            .broadcast_mul(alpha)?
+            .broadcast_add(beta)
+    }
+}
+
+/// candle-nn's `rotary_emb` under the same names: `rope` (halves rotated) and
+/// `rope_i` (interleaved pairs) on `xs: (b, h, t, d)` with `cos`/`sin: (t', d/2)`
+/// (`t' >= t`). They are candle-nn's `rope_slow` / `rope_i_slow` compositions:
+/// candle-nn's fused `rope` / `rope_i` are built with `apply_op3_no_bwd`, so no
+/// gradient flows through them in plain candle (a plain reference must call the
+/// `_slow` forms to train).
+pub mod rotary_emb {
+    use candle_core::D;
+
+    use crate::error::{Error, Result};
+    use crate::tensor::RTensor;
+
+    fn check(xs: &RTensor, cos: &RTensor, sin: &RTensor) -> Result<(usize, usize, usize, usize)> {
+        let (b, h, t, d) = xs.dims4()?;
+        let (ct, cd) = cos.dims2()?;
+        let (st, sd) = sin.dims2()?;
+        if cd * 2 != d || sd * 2 != d || t > ct || t > st {
+            return Err(Error::unsupported(
+                "rope",
+                format!(
+                    "inconsistent shapes: xs {:?}, cos {:?}, sin {:?} (expected (t', d/2), t' >= t)",
+                    xs.dims(),
+                    cos.dims(),
+                    sin.dims()
+                ),
+            ));
+        }
+        Ok((b, h, t, d))
+    }
+
+    fn rotate_half(xs: &RTensor) -> Result<RTensor> {
+        let last_dim = xs.dim(D::Minus1)?;
+        let xs1 = xs.narrow(D::Minus1, 0, last_dim / 2)?;
+        let xs2 = xs.narrow(D::Minus1, last_dim / 2, last_dim - last_dim / 2)?;
+        RTensor::cat(&[&xs2.neg()?, &xs1], D::Minus1)
+    }
+
+    /// Rotary embedding on rotated halves (candle-nn's `rope_slow`).
+    pub fn rope(xs: &RTensor, cos: &RTensor, sin: &RTensor) -> Result<RTensor> {
+        let (_b, _h, seq_len, _d) = check(xs, cos, sin)?;
+        let cos = RTensor::cat(&[cos, cos], D::Minus1)?;
+        let sin = RTensor::cat(&[sin, sin], D::Minus1)?;
+        let cos = cos.narrow(0, 0, seq_len)?;
+        let sin = sin.narrow(0, 0, seq_len)?;
+        let cos = cos.unsqueeze(0)?.unsqueeze(0)?;
+        let sin = sin.unsqueeze(0)?.unsqueeze(0)?;
+        xs.broadcast_mul(&cos)? + rotate_half(xs)?.broadcast_mul(&sin)?
+    }
+
+    /// Rotary embedding on interleaved pairs (candle-nn's `rope_i_slow`).
+    pub fn rope_i(xs: &RTensor, cos: &RTensor, sin: &RTensor) -> Result<RTensor> {
+        let (b_sz, n_head, seq_len, n_embd) = check(xs, cos, sin)?;
+        let cos = cos
+            .narrow(0, 0, seq_len)?
+            .reshape((seq_len, n_embd / 2, 1))?;
+        let sin = sin
+            .narrow(0, 0, seq_len)?
+            .reshape((seq_len, n_embd / 2, 1))?;
+        let cos = cos.broadcast_as((b_sz, 1, seq_len, n_embd / 2, 1))?;
+        let sin = sin.broadcast_as((b_sz, 1, seq_len, n_embd / 2, 1))?;
+        let x = xs.reshape((b_sz, n_head, seq_len, n_embd / 2, 2))?;
+        let x0 = x.narrow(D::Minus1, 0, 1)?;
+        let x1 = x.narrow(D::Minus1, 1, 1)?;
+        let y0 = (x0.broadcast_mul(&cos)? - x1.broadcast_mul(&sin)?)?;
+        let y1 = (x0.broadcast_mul(&sin)? + x1.broadcast_mul(&cos)?)?;
+        let rope = RTensor::cat(&[y0, y1], D::Minus1)?;
+        rope.flatten_from(D::Minus2)
     }
 }

@@ -10,19 +10,22 @@
 use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
+use candle_core::op::CmpOp;
 use candle_core::shape::{Dim, Dims};
 use candle_core::{DType, Device, Shape, Tensor, WithDType, D};
 use remat_dtr::{StorageId, TensorId};
 
 use crate::context::{Inner, Remat};
 use crate::error::{DtrResultExt, Error, Result};
-use crate::graph::{apply, escape};
+use crate::graph::{apply, apply_native, escape};
 
 /// The runtime handle of a storage, shared by a tensor and its views; dropping the
 /// last one releases the handle.
-struct Handle {
+pub(crate) struct Handle {
     id: TensorId,
     ctx: Arc<Inner>,
+    /// External data (an input or a parameter): never evicted.
+    external: bool,
 }
 
 impl Drop for Handle {
@@ -41,6 +44,12 @@ impl Drop for Handle {
 pub struct RTensor {
     t: Tensor,
     h: Arc<Handle>,
+}
+
+impl AsRef<RTensor> for RTensor {
+    fn as_ref(&self) -> &RTensor {
+        self
+    }
 }
 
 impl std::fmt::Debug for RTensor {
@@ -157,11 +166,28 @@ impl Bin {
 }
 
 impl RTensor {
-    pub(crate) fn from_parts(t: Tensor, id: TensorId, ctx: Arc<Inner>) -> Self {
+    pub(crate) fn from_parts(t: Tensor, id: TensorId, ctx: Arc<Inner>, external: bool) -> Self {
         Self {
             t,
-            h: Arc::new(Handle { id, ctx }),
+            h: Arc::new(Handle { id, ctx, external }),
         }
+    }
+
+    /// A weak reference to this tensor's runtime handle (the context keeps one
+    /// per external storage, to count a storage wrapped twice once).
+    pub(crate) fn weak_handle(&self) -> std::sync::Weak<Handle> {
+        Arc::downgrade(&self.h)
+    }
+
+    /// `t` (a view of the storage behind `h`) under the live handle `h`.
+    pub(crate) fn with_handle(t: Tensor, h: Arc<Handle>) -> RTensor {
+        RTensor { t, h }
+    }
+
+    /// Whether the storage is external data ([`Remat::input`], [`Remat::param`]),
+    /// which the runtime never evicts.
+    pub fn is_external(&self) -> bool {
+        self.h.external
     }
 
     pub(crate) fn ctx(&self) -> &Arc<Inner> {
@@ -316,6 +342,10 @@ impl RTensor {
         let p = self.pinned()?;
         p.to_vec3()
     }
+    /// The value of a rank-0 tensor (candle's `to_vec0`).
+    pub fn to_vec0<T: WithDType>(&self) -> Result<T> {
+        self.to_scalar()
+    }
     /// The value of a rank-0 tensor.
     pub fn to_scalar<T: WithDType>(&self) -> Result<T> {
         let p = self.pinned()?;
@@ -378,6 +408,10 @@ impl RTensor {
     /// Broadcast to `shape` (view).
     pub fn broadcast_as<S: Into<Shape>>(&self, shape: S) -> Result<RTensor> {
         self.view(|t| t.broadcast_as(shape))
+    }
+    /// Broadcast to `shape` (view; candle's `expand`).
+    pub fn expand<S: Into<Shape>>(&self, shape: S) -> Result<RTensor> {
+        self.broadcast_as(shape)
     }
     /// Broadcast with extra leading dimensions (view).
     pub fn broadcast_left<S: Into<Shape>>(&self, left: S) -> Result<RTensor> {
@@ -905,12 +939,24 @@ impl RTensor {
     // ----- indexing -----------------------------------------------------------------------
 
     /// Select rows of `self` along `dim` by `ids` (an integer tensor).
+    ///
+    /// With external ids (an input, as usual for token ids) this is candle's own
+    /// graph node, whose backward `index_add`s into the running gradient sum, so
+    /// a table also used elsewhere (tied embeddings) gets its gradient summed in
+    /// candle's order. Ids computed by an op use a node that adds its gradient
+    /// instead (equal values; another rounding order when the table has other
+    /// uses).
     pub fn index_select<T: Dim>(&self, ids: &RTensor, dim: T) -> Result<RTensor> {
         let dim = dim.to_index(self.shape(), "index-select")?;
+        let fwd: Arc<crate::graph::FwdFn> =
+            Arc::new(move |x: &[Tensor]| x[0].index_select(&x[1], dim));
+        if ids.is_external() {
+            return apply_native("index-select", &[self, ids], fwd);
+        }
         apply(
             "index-select",
             &[self, ids],
-            Arc::new(move |x: &[Tensor]| x[0].index_select(&x[1], dim)),
+            fwd,
             Arc::new(move |x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
                 let ids = x[1].contiguous()?;
                 let grad = x[0].zeros_like()?.index_add(&ids, g, dim)?;
@@ -919,13 +965,18 @@ impl RTensor {
             false,
         )
     }
-    /// Gather values along `dim` at `ids` (same rank as `self`).
+    /// Gather values along `dim` at `ids` (same rank as `self`); external ids use
+    /// candle's own node, as for [`RTensor::index_select`].
     pub fn gather<T: Dim>(&self, ids: &RTensor, dim: T) -> Result<RTensor> {
         let dim = dim.to_index(self.shape(), "gather")?;
+        let fwd: Arc<crate::graph::FwdFn> = Arc::new(move |x: &[Tensor]| x[0].gather(&x[1], dim));
+        if ids.is_external() {
+            return apply_native("gather", &[self, ids], fwd);
+        }
         apply(
             "gather",
             &[self, ids],
-            Arc::new(move |x: &[Tensor]| x[0].gather(&x[1], dim)),
+            fwd,
             Arc::new(move |x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
                 let grad = x[0].zeros_like()?.scatter_add(&x[1], g, dim)?;
                 Ok(vec![Some(grad), None])
@@ -933,25 +984,229 @@ impl RTensor {
             false,
         )
     }
-    /// Concatenate along `dim` (groups of up to three per graph node).
-    pub fn cat<T: Dim>(args: &[&RTensor], dim: T) -> Result<RTensor> {
+    /// Concatenate along `dim` (candle's `Tensor::cat`): one node for any number
+    /// of tensors, candle's own, so the gradient of a tensor given several times
+    /// (`repeat`, `repeat_kv`) is summed in candle's order. Non-contiguous
+    /// arguments are made contiguous first (an identity for gradients).
+    pub fn cat<A: AsRef<RTensor>, T: Dim>(args: &[A], dim: T) -> Result<RTensor> {
         let first = args
             .first()
-            .ok_or_else(|| Error::unsupported("cat", "no tensors"))?;
+            .ok_or_else(|| Error::unsupported("cat", "no tensors"))?
+            .as_ref();
         let dim = dim.to_index(first.shape(), "cat")?;
         if args.len() == 1 {
-            return Ok((*first).clone());
+            return Ok(first.clone());
         }
-        let mut acc = cat_group(&args[..args.len().min(3)], dim)?;
-        let mut rest = &args[args.len().min(3)..];
-        while !rest.is_empty() {
-            let take = rest.len().min(2);
-            let mut group: Vec<&RTensor> = vec![&acc];
-            group.extend_from_slice(&rest[..take]);
-            acc = cat_group(&group, dim)?;
-            rest = &rest[take..];
+        let parts = args
+            .iter()
+            .map(|a| a.as_ref().contiguous())
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&RTensor> = parts.iter().collect();
+        apply_native(
+            "cat",
+            &refs,
+            Arc::new(move |x: &[Tensor]| Tensor::cat(x, dim)),
+        )
+    }
+    /// Stack along a new dimension `dim` (candle's `Tensor::stack`).
+    pub fn stack<A: AsRef<RTensor>, T: Dim>(args: &[A], dim: T) -> Result<RTensor> {
+        let first = args
+            .first()
+            .ok_or_else(|| Error::unsupported("stack", "no tensors"))?
+            .as_ref();
+        let dim = dim.to_index_plus_one(first.shape(), "stack")?;
+        let args = args
+            .iter()
+            .map(|t| t.as_ref().unsqueeze(dim))
+            .collect::<Result<Vec<_>>>()?;
+        Self::cat(&args, dim)
+    }
+    /// Pad with `left` zeros before and `right` zeros after along `dim`
+    /// (candle's composition: a `cat` with zero tensors).
+    pub fn pad_with_zeros<T: Dim>(&self, dim: T, left: usize, right: usize) -> Result<RTensor> {
+        if left == 0 && right == 0 {
+            return Ok(self.clone());
         }
-        Ok(acc)
+        let dim = dim.to_index(self.shape(), "pad_with_zeros")?;
+        let zeros = |n: usize| -> Result<RTensor> {
+            let mut dims = self.dims().to_vec();
+            dims[dim] = n;
+            self.remat()
+                .input(&Tensor::zeros(dims, self.dtype(), self.device())?)
+        };
+        if left == 0 {
+            Self::cat(&[self, &zeros(right)?], dim)
+        } else if right == 0 {
+            Self::cat(&[&zeros(left)?, self], dim)
+        } else {
+            Self::cat(&[&zeros(left)?, self, &zeros(right)?], dim)
+        }
+    }
+    /// Repeat along each dimension (candle's composition: one `cat` of copies per
+    /// repeated dimension; leading dimensions are added when `shape` is longer).
+    pub fn repeat<S: Into<Shape>>(&self, shape: S) -> Result<RTensor> {
+        let repeats = shape.into();
+        let repeats = repeats.dims();
+        let mut inp = if self.rank() < repeats.len() {
+            let shape = [vec![1; repeats.len() - self.rank()], self.dims().to_vec()].concat();
+            self.reshape(shape)?
+        } else {
+            self.clone()
+        };
+        for (idx, &repeat) in repeats.iter().enumerate() {
+            inp = match repeat {
+                0 => inp.narrow(idx, 0, 0)?,
+                1 => inp,
+                repeat => Self::cat(&vec![&inp; repeat], idx)?,
+            };
+        }
+        Ok(inp)
+    }
+    /// Where `self` (a `u8`/`u32` mask) is non-zero take `on_true`, else
+    /// `on_false` (same shapes; candle's `where_cond` and its backward).
+    pub fn where_cond(&self, on_true: &RTensor, on_false: &RTensor) -> Result<RTensor> {
+        apply(
+            "where-cond",
+            &[self, on_true, on_false],
+            Arc::new(|x: &[Tensor]| x[0].where_cond(&x[1], &x[2])),
+            Arc::new(|x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+                let zeros = g.zeros_like()?;
+                let t = x[0].where_cond(g, &zeros)?;
+                let f = x[0].where_cond(&zeros, g)?;
+                Ok(vec![None, Some(t), Some(f)])
+            }),
+            false,
+        )
+    }
+    /// `value` where `mask` is non-zero, `self` elsewhere: candle-transformers'
+    /// `masked_fill(on_false, mask, on_true)` helper (a broadcast constant and
+    /// `where_cond`). `mask` has `self`'s shape; `value` must have `self`'s dtype.
+    pub fn masked_fill<V: WithDType>(&self, mask: &RTensor, value: V) -> Result<RTensor> {
+        let on_true = self
+            .remat()
+            .input(&Tensor::new(value, self.device())?)?
+            .broadcast_as(mask.shape())?;
+        mask.where_cond(&on_true, self)
+    }
+    /// A scalar of `self`'s dtype broadcast to its shape, as candle makes the
+    /// right-hand side of `maximum(f64)` and friends.
+    fn scalar_like(&self, v: f64) -> Result<RTensor> {
+        self.remat()
+            .input(&Tensor::new(v, self.device())?.to_dtype(self.dtype())?)?
+            .broadcast_as(self.shape())
+    }
+    /// Elementwise maximum with a scalar (candle's `maximum(f64)`).
+    pub fn maximum_scalar(&self, v: f64) -> Result<RTensor> {
+        self.maximum(&self.scalar_like(v)?)
+    }
+    /// Elementwise minimum with a scalar (candle's `minimum(f64)`).
+    pub fn minimum_scalar(&self, v: f64) -> Result<RTensor> {
+        self.minimum(&self.scalar_like(v)?)
+    }
+    /// Clamp into `[min, max]` (candle's `clamp`: `maximum(min)` then
+    /// `minimum(max)`, with their gradients, halved at ties).
+    pub fn clamp(&self, min: f64, max: f64) -> Result<RTensor> {
+        self.maximum_scalar(min)?.minimum_scalar(max)
+    }
+
+    // ----- comparisons and arg-reductions (no gradient) --------------------------
+
+    fn no_grad(
+        &self,
+        name: &'static str,
+        others: &[&RTensor],
+        f: Arc<crate::graph::FwdFn>,
+    ) -> Result<RTensor> {
+        let mut inputs = vec![self];
+        inputs.extend_from_slice(others);
+        let n = inputs.len();
+        apply(
+            name,
+            &inputs,
+            f,
+            Arc::new(move |_: &[Tensor], _: Option<&Tensor>, _: &Tensor| Ok(vec![None; n])),
+            false,
+        )
+    }
+    /// Elementwise comparison (same shapes), a `u8` tensor of 0 and 1.
+    pub fn cmp(&self, rhs: &RTensor, op: CmpOp) -> Result<RTensor> {
+        self.no_grad(
+            "cmp",
+            &[rhs],
+            Arc::new(move |x: &[Tensor]| x[0].cmp(&x[1], op)),
+        )
+    }
+    /// Elementwise comparison with a scalar, a `u8` tensor of 0 and 1.
+    pub fn cmp_scalar(&self, rhs: f64, op: CmpOp) -> Result<RTensor> {
+        self.no_grad("cmp", &[], Arc::new(move |x: &[Tensor]| x[0].cmp(rhs, op)))
+    }
+    /// `self == rhs` elementwise (`u8`).
+    pub fn eq(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.cmp(rhs, CmpOp::Eq)
+    }
+    /// `self != rhs` elementwise (`u8`).
+    pub fn ne(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.cmp(rhs, CmpOp::Ne)
+    }
+    /// `self < rhs` elementwise (`u8`).
+    pub fn lt(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.cmp(rhs, CmpOp::Lt)
+    }
+    /// `self <= rhs` elementwise (`u8`).
+    pub fn le(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.cmp(rhs, CmpOp::Le)
+    }
+    /// `self > rhs` elementwise (`u8`).
+    pub fn gt(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.cmp(rhs, CmpOp::Gt)
+    }
+    /// `self >= rhs` elementwise (`u8`).
+    pub fn ge(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.cmp(rhs, CmpOp::Ge)
+    }
+    /// Index of the maximum along `dim`, keeping it (`u32`).
+    pub fn argmax_keepdim<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "argmax")?;
+        self.no_grad(
+            "argmax",
+            &[],
+            Arc::new(move |x: &[Tensor]| x[0].argmax_keepdim(dim)),
+        )
+    }
+    /// Index of the maximum along `dim`, removing it (`u32`).
+    pub fn argmax<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "argmax")?;
+        self.argmax_keepdim(dim)?.squeeze(dim)
+    }
+    /// Index of the minimum along `dim`, keeping it (`u32`).
+    pub fn argmin_keepdim<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "argmin")?;
+        self.no_grad(
+            "argmin",
+            &[],
+            Arc::new(move |x: &[Tensor]| x[0].argmin_keepdim(dim)),
+        )
+    }
+    /// Index of the minimum along `dim`, removing it (`u32`).
+    pub fn argmin<T: Dim>(&self, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "argmin")?;
+        self.argmin_keepdim(dim)?.squeeze(dim)
+    }
+
+    // ----- constants in the same context -----------------------------------------
+
+    /// Zeros of `self`'s shape, dtype and device (external data of the context).
+    pub fn zeros_like(&self) -> Result<RTensor> {
+        self.remat().input(&self.t.zeros_like()?)
+    }
+    /// Ones of `self`'s shape, dtype and device (external data of the context).
+    pub fn ones_like(&self) -> Result<RTensor> {
+        self.remat().input(&self.t.ones_like()?)
+    }
+    /// `value` everywhere, `self`'s shape, dtype and device.
+    pub fn full_like(&self, value: f64) -> Result<RTensor> {
+        self.remat()
+            .input(&Tensor::full(value, self.shape(), self.device())?.to_dtype(self.dtype())?)
     }
 
     // ----- composites ------------------------------------------------------------------
@@ -1031,25 +1286,6 @@ fn broadcast_shape_matmul(lhs: &Shape, rhs: &Shape) -> Result<(Shape, Shape)> {
     ))
 }
 
-fn cat_group(args: &[&RTensor], dim: usize) -> Result<RTensor> {
-    let lens: Vec<usize> = args.iter().map(|t| t.dims()[dim]).collect();
-    apply(
-        "cat",
-        args,
-        Arc::new(move |x: &[Tensor]| Tensor::cat(x, dim)),
-        Arc::new(move |_: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
-            let mut start = 0;
-            let mut grads = Vec::with_capacity(lens.len());
-            for &len in &lens {
-                grads.push(Some(g.narrow(dim, start, len)?));
-                start += len;
-            }
-            Ok(grads)
-        }),
-        false,
-    )
-}
-
 /// The dropout mask for `seed`: `(u >= p) / (1 - p)` with `u` uniform in `[0, 1)`
 /// from SplitMix64, one draw per element in row-major order. Deterministic, so a
 /// plain-candle model can reproduce it (`x * mask`) and a replay gets the same mask.
@@ -1076,44 +1312,96 @@ pub fn dropout_mask(
     Tensor::from_vec(v, shape, device)?.to_dtype(dtype)
 }
 
+// candle's operator impls (`bin_trait!` in candle-core), over `RTensor`: tensors,
+// references, `Result`s of either, and `f64` on either side.
 macro_rules! bin_trait {
-    ($trait:ident, $fn:ident, $method:ident, $scalar:expr) => {
-        impl std::ops::$trait<&RTensor> for &RTensor {
+    ($trait:ident, $fn:ident, $mul:expr, $add:expr) => {
+        impl<B: std::borrow::Borrow<RTensor>> std::ops::$trait<B> for RTensor {
             type Output = Result<RTensor>;
-            fn $fn(self, rhs: &RTensor) -> Result<RTensor> {
-                self.$method(rhs)
+            fn $fn(self, rhs: B) -> Result<RTensor> {
+                RTensor::$fn(&self, rhs.borrow())
             }
         }
-        impl std::ops::$trait<RTensor> for RTensor {
+        impl<B: std::borrow::Borrow<RTensor>> std::ops::$trait<B> for &RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: B) -> Result<RTensor> {
+                RTensor::$fn(self, rhs.borrow())
+            }
+        }
+        impl<B: std::borrow::Borrow<RTensor>> std::ops::$trait<RTensor> for Result<B> {
             type Output = Result<RTensor>;
             fn $fn(self, rhs: RTensor) -> Result<RTensor> {
-                (&self).$method(&rhs)
+                RTensor::$fn(self?.borrow(), &rhs)
             }
         }
-        impl std::ops::$trait<&RTensor> for RTensor {
+        impl<B: std::borrow::Borrow<RTensor>> std::ops::$trait<&RTensor> for Result<B> {
             type Output = Result<RTensor>;
             fn $fn(self, rhs: &RTensor) -> Result<RTensor> {
-                (&self).$method(rhs)
+                RTensor::$fn(self?.borrow(), rhs)
             }
         }
-        impl std::ops::$trait<f64> for &RTensor {
+        impl<B: std::borrow::Borrow<RTensor>> std::ops::$trait<Result<B>> for RTensor {
             type Output = Result<RTensor>;
-            fn $fn(self, rhs: f64) -> Result<RTensor> {
-                let (m, a) = $scalar(rhs);
-                self.affine(m, a)
+            fn $fn(self, rhs: Result<B>) -> Result<RTensor> {
+                RTensor::$fn(&self, rhs?.borrow())
+            }
+        }
+        impl<B: std::borrow::Borrow<RTensor>> std::ops::$trait<Result<B>> for &RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: Result<B>) -> Result<RTensor> {
+                RTensor::$fn(self, rhs?.borrow())
             }
         }
         impl std::ops::$trait<f64> for RTensor {
             type Output = Result<RTensor>;
             fn $fn(self, rhs: f64) -> Result<RTensor> {
-                let (m, a) = $scalar(rhs);
-                self.affine(m, a)
+                self.affine($mul(rhs), $add(rhs))
+            }
+        }
+        impl std::ops::$trait<f64> for &RTensor {
+            type Output = Result<RTensor>;
+            fn $fn(self, rhs: f64) -> Result<RTensor> {
+                self.affine($mul(rhs), $add(rhs))
             }
         }
     };
 }
 
-bin_trait!(Add, add, add, |v: f64| (1., v));
-bin_trait!(Sub, sub, sub, |v: f64| (1., -v));
-bin_trait!(Mul, mul, mul, |v: f64| (v, 0.));
-bin_trait!(Div, div, div, |v: f64| (1. / v, 0.));
+bin_trait!(Add, add, |_| 1., |v| v);
+bin_trait!(Sub, sub, |_| 1., |v: f64| -v);
+bin_trait!(Mul, mul, |v| v, |_| 0.);
+bin_trait!(Div, div, |v| 1. / v, |_| 0.);
+
+macro_rules! scalar_lhs {
+    ($($t:ty),+) => {
+        $(
+            impl std::ops::Add<$t> for f64 {
+                type Output = Result<RTensor>;
+                fn add(self, rhs: $t) -> Result<RTensor> {
+                    rhs + self
+                }
+            }
+            impl std::ops::Mul<$t> for f64 {
+                type Output = Result<RTensor>;
+                fn mul(self, rhs: $t) -> Result<RTensor> {
+                    rhs * self
+                }
+            }
+            impl std::ops::Sub<$t> for f64 {
+                type Output = Result<RTensor>;
+                fn sub(self, rhs: $t) -> Result<RTensor> {
+                    rhs.affine(-1., self)
+                }
+            }
+            impl std::ops::Div<$t> for f64 {
+                type Output = Result<RTensor>;
+                #[allow(clippy::suspicious_arithmetic_impl)]
+                fn div(self, rhs: $t) -> Result<RTensor> {
+                    rhs.recip()? * self
+                }
+            }
+        )+
+    };
+}
+
+scalar_lhs!(RTensor, &RTensor);

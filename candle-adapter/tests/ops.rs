@@ -14,7 +14,9 @@ type OursFn = dyn Fn(&[RTensor]) -> remat_candle::Result<RTensor>;
 
 /// Run `plain` on candle variables and `ours` on the same variables through the
 /// adapter; compare outputs, losses and gradients bit for bit. Each input first
-/// goes through an affine op (so it is an evictable intermediate); with `evict`,
+/// goes through an affine op `x + 0.25` (so it is an evictable intermediate; its
+/// backward copies the gradient exactly, so a different summation order in the
+/// op shows in the variables' gradients); with `evict`,
 /// every intermediate and the output are evicted before backward.
 fn check(name: &str, inputs: &[Tensor], plain: &PlainFn, ours: &OursFn, evict: bool) {
     let vars: Vec<Var> = inputs
@@ -24,7 +26,7 @@ fn check(name: &str, inputs: &[Tensor], plain: &PlainFn, ours: &OursFn, evict: b
     // Plain candle.
     let pa: Vec<Tensor> = vars
         .iter()
-        .map(|v| v.as_tensor().affine(1.5, 0.25).unwrap())
+        .map(|v| v.as_tensor().affine(1.0, 0.25).unwrap())
         .collect();
     let py = plain(&pa).unwrap();
     let w = rand(99, py.dims(), -1.0, 1.0).to_dtype(py.dtype()).unwrap();
@@ -36,7 +38,7 @@ fn check(name: &str, inputs: &[Tensor], plain: &PlainFn, ours: &OursFn, evict: b
     let params: Vec<RTensor> = vars.iter().map(|v| remat.param(v).unwrap()).collect();
     let ra: Vec<RTensor> = params
         .iter()
-        .map(|p| p.affine(1.5, 0.25).unwrap())
+        .map(|p| p.affine(1.0, 0.25).unwrap())
         .collect();
     let ry = ours(&ra).unwrap();
     let rw = remat.input(&w).unwrap();
@@ -482,4 +484,203 @@ fn layer_norm_composition() {
         xn.broadcast_mul(&x[1])?.broadcast_add(&x[2])
     };
     both("layer norm", &[x, w, b], &plain, &ours);
+}
+
+#[test]
+fn indexing_with_i() {
+    use candle_core::IndexOp as _;
+    use remat_candle::IndexOp as _;
+    let a = m(&[4, 6], 100);
+    both(
+        "i select + range",
+        &[a.clone()],
+        &|x| x[0].i((1.., 2))?.exp(),
+        &|x| x[0].i((1.., 2))?.exp(),
+    );
+    both(
+        "i ranges",
+        &[a.clone()],
+        &|x| x[0].i((..3, 1..=4))?.sqr(),
+        &|x| x[0].i((..3, 1..=4))?.sqr(),
+    );
+    let ids = Tensor::new(&[2u32, 0, 2], &Device::Cpu).unwrap();
+    let ids2 = ids.clone();
+    both(
+        "i tensor",
+        &[a.clone()],
+        &move |x| x[0].i((.., &ids))?.tanh(),
+        &move |x| x[0].i((.., &ids2))?.tanh(),
+    );
+    both(
+        "expand",
+        &[m(&[1, 6], 101)],
+        &|x| x[0].expand((4, 6))?.exp(),
+        &|x| x[0].expand((4, 6))?.exp(),
+    );
+}
+
+#[test]
+fn masks_and_clamp() {
+    let mask = Tensor::new(&[[1u8, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0]], &Device::Cpu).unwrap();
+    let (m1, m2, m3) = (mask.clone(), mask.clone(), mask.clone());
+    both(
+        "where_cond",
+        &[m(&[3, 4], 110), m(&[3, 4], 111)],
+        &move |x| m1.where_cond(&x[0], &x[1]),
+        &move |x| x[0].remat().input(&m2)?.where_cond(&x[0], &x[1]),
+    );
+    // candle-transformers' masked_fill helper, with -inf then a softmax.
+    let plain_fill = move |x: &[Tensor]| -> candle_core::Result<Tensor> {
+        let on_true = Tensor::new(f32::NEG_INFINITY, x[0].device())?.broadcast_as(m3.shape())?;
+        candle_nn::ops::softmax(&m3.where_cond(&on_true, &x[0])?, D::Minus1)
+    };
+    let mask2 = Tensor::new(&[[0u8, 0, 1, 1], [0, 0, 0, 1], [0, 1, 1, 1]], &Device::Cpu).unwrap();
+    let mask3 = mask2.clone();
+    both(
+        "masked_fill + softmax",
+        &[m(&[3, 4], 112)],
+        &move |x| {
+            let on_true = Tensor::new(f32::NEG_INFINITY, x[0].device())?.broadcast_as((3, 4))?;
+            candle_nn::ops::softmax(&mask2.where_cond(&on_true, &x[0])?, D::Minus1)
+        },
+        &move |x| {
+            let mask = x[0].remat().input(&mask3)?;
+            remat_candle::nn::ops::softmax_last_dim(&x[0].masked_fill(&mask, f32::NEG_INFINITY)?)
+        },
+    );
+    drop(plain_fill);
+    both(
+        "clamp",
+        &[m(&[4, 6], 113)],
+        &|x| x[0].clamp(-1f64, 1.5f64),
+        &|x| x[0].clamp(-1.0, 1.5),
+    );
+}
+
+#[test]
+fn padding_repeat_stack_and_cat_of_one_tensor() {
+    let a = m(&[3, 4], 120);
+    both(
+        "pad_with_zeros both sides",
+        &[a.clone()],
+        &|x| x[0].pad_with_zeros(1, 2, 1)?.exp(),
+        &|x| x[0].pad_with_zeros(1, 2, 1)?.exp(),
+    );
+    both(
+        "pad_with_zeros left",
+        &[a.clone()],
+        &|x| x[0].pad_with_zeros(0, 1, 0),
+        &|x| x[0].pad_with_zeros(0, 1, 0),
+    );
+    both("repeat", &[a.clone()], &|x| x[0].repeat((2, 3)), &|x| {
+        x[0].repeat((2, 3))
+    });
+    both(
+        "stack",
+        &[a.clone(), m(&[3, 4], 121)],
+        &|x| Tensor::stack(&[&x[0], &x[1]], 1),
+        &|x| RTensor::stack(&[&x[0], &x[1]], 1),
+    );
+    // One tensor given five times plus another use: the gradient is summed in
+    // candle's order (repeat_kv in candle-transformers).
+    both(
+        "cat of one tensor 5 times",
+        &[a],
+        // `.exp()` after the cat: full-precision gradients, so that a different
+        // summation order shows in the bits (checked with a chained cat).
+        &|x| Tensor::cat(&[&x[0].exp()?, &x[0], &x[0], &x[0], &x[0]], 1)?.exp(),
+        &|x| RTensor::cat(&[&x[0].exp()?, &x[0], &x[0], &x[0], &x[0]], 1)?.exp(),
+    );
+}
+
+#[test]
+fn comparisons_and_argmax_match_candle() {
+    let remat = Remat::unbounded().unwrap();
+    let (a, b) = (m(&[3, 5], 130), m(&[3, 5], 131));
+    let b = Tensor::cat(&[a.narrow(0, 0, 1).unwrap(), b.narrow(0, 1, 2).unwrap()], 0).unwrap();
+    let (ra, rb) = (remat.input(&a).unwrap(), remat.input(&b).unwrap());
+    let ra = ra.affine(1.0, 0.0).unwrap(); // an evictable intermediate
+    let u8s = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    for (ours, plain) in [
+        (ra.eq(&rb), a.eq(&b)),
+        (ra.ne(&rb), a.ne(&b)),
+        (ra.lt(&rb), a.lt(&b)),
+        (ra.le(&rb), a.le(&b)),
+        (ra.gt(&rb), a.gt(&b)),
+        (ra.ge(&rb), a.ge(&b)),
+        (ra.cmp_scalar(0.5, candle_core::op::CmpOp::Gt), a.gt(0.5)),
+    ] {
+        assert_eq!(
+            u8s(&ours.unwrap().to_candle().unwrap()),
+            u8s(&plain.unwrap())
+        );
+    }
+    assert!(ra.evict().unwrap());
+    let am = ra.argmax(1).unwrap();
+    assert_eq!(
+        am.to_vec1::<u32>().unwrap(),
+        a.argmax(1).unwrap().to_vec1::<u32>().unwrap()
+    );
+    assert_eq!(
+        ra.argmin_keepdim(0).unwrap().to_vec2::<u32>().unwrap(),
+        a.argmin_keepdim(0).unwrap().to_vec2::<u32>().unwrap()
+    );
+    assert!(ra.recompute_count().unwrap() >= 1);
+    let s = ra.sum_all().unwrap();
+    assert_eq!(
+        s.to_vec0::<f32>().unwrap(),
+        a.sum_all().unwrap().to_vec0::<f32>().unwrap()
+    );
+}
+
+#[test]
+fn nn_ops_and_rotary_embeddings() {
+    use remat_candle::nn::{ops, rotary_emb};
+    let x = m(&[2, 3, 8], 140);
+    both(
+        "softmax_last_dim",
+        &[x.clone()],
+        &|x| candle_nn::ops::softmax(&x[0], D::Minus1),
+        &|x| ops::softmax_last_dim(&x[0]),
+    );
+    both(
+        "rms_norm",
+        &[x.clone(), m(&[8], 141)],
+        &|x| candle_nn::ops::rms_norm_slow(&x[0], &x[1], 1e-6),
+        &|x| ops::rms_norm(&x[0], &x[1], 1e-6),
+    );
+    both(
+        "layer_norm op",
+        &[x.clone(), m(&[8], 142), m(&[8], 143)],
+        &|x| candle_nn::ops::layer_norm_slow(&x[0], &x[1], &x[2], 1e-5),
+        &|x| ops::layer_norm(&x[0], &x[1], &x[2], 1e-5),
+    );
+    both(
+        "swiglu",
+        &[x.clone()],
+        &|x| candle_nn::ops::swiglu(&x[0]),
+        &|x| ops::swiglu(&x[0]),
+    );
+    both(
+        "leaky_relu",
+        &[x],
+        &|x| candle_nn::ops::leaky_relu(&x[0], 0.1),
+        &|x| ops::leaky_relu(&x[0], 0.1),
+    );
+    // (b, h, t, d) = (2, 2, 5, 8); cos/sin (6, 4): t' > t.
+    let (q, cos, sin) = (m(&[2, 2, 5, 8], 144), m(&[6, 4], 145), m(&[6, 4], 146));
+    both(
+        "rope",
+        &[q.clone(), cos.clone(), sin.clone()],
+        &|x| {
+            candle_nn::rotary_emb::rope_slow(&x[0], &x[1].narrow(0, 0, 5)?, &x[2].narrow(0, 0, 5)?)
+        },
+        &|x| rotary_emb::rope(&x[0], &x[1], &x[2]),
+    );
+    both(
+        "rope_i",
+        &[q, cos, sin],
+        &|x| candle_nn::rotary_emb::rope_i_slow(&x[0], &x[1], &x[2]),
+        &|x| rotary_emb::rope_i(&x[0], &x[1], &x[2]),
+    );
 }
