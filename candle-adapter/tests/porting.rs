@@ -99,3 +99,29 @@ fn figures_and_settings_come_from_this_crate() {
     assert_eq!(u.allocated, 16);
     let _cfg: remat_candle::AllocatorConfig = Default::default();
 }
+
+#[test]
+fn escaping_to_plain_candle_and_back_keeps_gradients() {
+    use candle_core::Var;
+    let v = Var::from_tensor(&rand(3, &[4, 5], -1.0, 1.0)).unwrap();
+    // Plain candle: exp, then sin (an op remat-candle does not cover), then sqr.
+    let plain = v.as_tensor().exp().unwrap().sin().unwrap();
+    let plain_loss = plain.sqr().unwrap().sum_all().unwrap();
+    let plain_grad = plain_loss.backward().unwrap();
+    // remat-candle: the same, sin done on an escaped copy and brought back.
+    let remat = Remat::unbounded().unwrap();
+    let x = remat.param(&v).unwrap().exp().unwrap();
+    let s = x.to_candle().unwrap().sin().unwrap(); // plain candle, in candle's graph
+    let back = remat.input(&s).unwrap(); // an input of the runtime: never evicted
+    let loss = back.sqr().unwrap().sum_all().unwrap();
+    assert!(x.evict().unwrap()); // the escaped copy does not depend on x's storage
+    let grads = loss.backward().unwrap();
+    assert_eq!(
+        common::bits(&loss.to_candle().unwrap()),
+        common::bits(&plain_loss)
+    );
+    assert_eq!(
+        common::bits(grads.get(v.as_tensor()).unwrap()),
+        common::bits(plain_grad.get(v.as_tensor()).unwrap())
+    );
+}
