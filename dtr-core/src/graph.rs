@@ -155,22 +155,38 @@ impl Graph {
         self.recent_remat > Self::THRASH_FACTOR * self.recent_compute
     }
 
-    /// Regenerating `s` takes exactly one op: every input of its producer is
-    /// resident, and no evicted storage is produced from it (evicting it
-    /// lengthens no evicted lineage). The threshold trigger evicts only such
-    /// storages, so that under any threshold, 0 included, a read costs at most
-    /// one replay instead of the whole evicted chain behind it.
-    pub(crate) fn one_op_away(&self, s: StorageId) -> bool {
-        let r = self.st(s);
-        let Some(p) = r.producer else {
-            return false;
-        };
-        let inputs_resident =
-            (self.ops[p.0].unique_inputs.iter()).all(|&i| self.st(i).is_resident());
-        inputs_resident
-            && r.users.iter().all(|&u| {
-                (self.ops[u.0].outputs.iter().flatten()).all(|&o| self.st(o).is_resident())
-            })
+    /// Most evicted storages the threshold trigger lets one evicted region
+    /// hold: a read of a storage it evicted replays at most this many ops
+    /// (its evicted ancestors lie in its region).
+    pub const THRESHOLD_REGION: u32 = 8;
+
+    /// Whether the threshold trigger may evict `s`: the evicted region it would
+    /// join (itself plus the evicted components next to it) holds at most
+    /// [`Graph::THRESHOLD_REGION`] storages. Without this bound, a threshold of
+    /// 0 evicts every chain whole, and each read of a value evicted between
+    /// two uses replays the entire chain behind it (n²/2 replays for LU).
+    pub(crate) fn threshold_evictable(&mut self, s: StorageId) -> bool {
+        let mut ns = std::mem::take(&mut self.stack);
+        let mut roots = std::mem::take(&mut self.roots);
+        ns.clear();
+        roots.clear();
+        self.evicted_neighbours(s, &mut ns, true, true);
+        let mut members = 1u32;
+        for &n in &ns {
+            let node = self.st(n).dsu;
+            if node == NONE {
+                members += 1;
+                continue;
+            }
+            let root = self.dsu.find(node);
+            if !roots.contains(&root) {
+                roots.push(root);
+                members += self.dsu.component_members(root).max(1);
+            }
+        }
+        self.stack = ns;
+        self.roots = roots;
+        members <= Self::THRESHOLD_REGION
     }
 
     #[inline]

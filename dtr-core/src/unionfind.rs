@@ -15,6 +15,9 @@ pub struct UnionFind {
     /// Summed cost in ns of the component (roots only); may drift slightly below the
     /// true sum after subtractions, so readers clamp it (as MegEngine does).
     cost: Vec<f64>,
+    /// Evicted storages in the component now (roots only): `size` less those
+    /// rematerialized since.
+    members: Vec<u32>,
 }
 
 impl UnionFind {
@@ -24,6 +27,7 @@ impl UnionFind {
         self.parent.push(i);
         self.size.push(1);
         self.cost.push(cost);
+        self.members.push(1);
         i
     }
 
@@ -51,7 +55,16 @@ impl UnionFind {
         self.parent[rb as usize] = ra;
         self.size[ra as usize] += self.size[rb as usize];
         self.cost[ra as usize] += self.cost[rb as usize];
+        self.members[ra as usize] += self.members[rb as usize];
         ra
+    }
+
+    /// Evicted storages in `x`'s component now (an over-count where a member
+    /// rematerialized in the middle split it: union-find cannot split).
+    #[inline]
+    pub fn component_members(&mut self, x: u32) -> u32 {
+        let r = self.find(x);
+        self.members[r as usize]
     }
 
     /// The summed cost of `x`'s component.
@@ -61,10 +74,11 @@ impl UnionFind {
         self.cost[r as usize]
     }
 
-    /// Remove `cost` from `x`'s component (a member was rematerialized).
+    /// Remove a member of `cost` from `x`'s component (it was rematerialized).
     pub fn subtract(&mut self, x: u32, cost: f64) {
         let r = self.find(x) as usize;
         self.cost[r] = (self.cost[r] - cost).max(0.0);
+        self.members[r] = self.members[r].saturating_sub(1);
     }
 
     /// Number of nodes ever made.

@@ -280,11 +280,10 @@ fn threshold_trigger_evicts_before_ops() {
             .apply(op(i, 1), &[t], &[OutputSpec::fresh(100)], 1)
             .unwrap()[0];
     }
-    // Before t3, t4 and t5: t1, then t3 go (each one op away from a resident
-    // input). t2 stays: its input t1 is evicted, so evicting t2 too would make
-    // a read of t3 replay two ops. The threshold is a target, not a budget.
-    assert_eq!(rt.stats().evictions, 2);
-    assert_eq!(rt.stats().live_bytes, 400);
+    // Before t3, t4 and t5 the oldest links go, down to the threshold (the
+    // op's own input stays).
+    assert_eq!(rt.stats().evictions, 3);
+    assert_eq!(rt.stats().live_bytes, 300);
     for t in [t, x] {
         rt.access(t).unwrap();
     }
@@ -366,10 +365,8 @@ fn threshold_zero_chain_costs_linear_rematerializations() {
                 remats <= 2 * n,
                 "{policy:?} record={record}: {remats} rematerializations for a chain of {n}"
             );
-            // Every other link goes (an evicted link's successor must stay:
-            // evicting both would make a read replay two ops).
             assert!(
-                evictions >= n / 2 - 1,
+                evictions >= n / 2,
                 "{policy:?} record={record}: {evictions} evictions, {remats} remats"
             );
         }
@@ -378,7 +375,7 @@ fn threshold_zero_chain_costs_linear_rematerializations() {
         let n = 300;
         let remats = threshold_zero_reread(n, policy);
         assert!(
-            remats <= 2 * n,
+            remats <= 4 * n,
             "{policy:?} re-read: {remats} rematerializations for {n} steps"
         );
     }

@@ -73,8 +73,8 @@ pub struct Runtime<V> {
     pool: Vec<StorageId>,
     pool_hot: Vec<Hot>,
     victims: Vec<StorageId>,
-    /// Set while the threshold trigger evicts: only storages one op away from
-    /// resident inputs are chosen ([`crate::graph::Graph::one_op_away`]).
+    /// Set while the threshold trigger evicts: only storages whose evicted
+    /// region stays small are chosen ([`crate::graph::Graph::threshold_evictable`]).
     shallow_only: bool,
     frames: Vec<Frame>,
     touched: Vec<StorageId>,
@@ -1647,17 +1647,16 @@ impl<V> Runtime<V> {
             self.pool_hot.extend(hot.iter().take(64));
         }
         if self.shallow_only {
-            self.keep_one_op_away();
+            self.keep_threshold_evictable();
         }
     }
 
-    /// Threshold trigger: keep the pool's storages that are one op away from
-    /// resident inputs; when the sample holds none, scan every candidate.
-    fn keep_one_op_away(&mut self) {
-        let g = &self.graph;
+    /// Threshold trigger: keep the pool's storages whose eviction keeps their
+    /// evicted region small; when the sample holds none, scan every candidate.
+    fn keep_threshold_evictable(&mut self) {
         let mut k = 0;
         for i in 0..self.pool.len() {
-            if g.one_op_away(self.pool[i]) {
+            if self.graph.threshold_evictable(self.pool[i]) {
                 self.pool.swap(k, i);
                 self.pool_hot.swap(k, i);
                 k += 1;
@@ -1666,10 +1665,11 @@ impl<V> Runtime<V> {
         self.pool.truncate(k);
         self.pool_hot.truncate(k);
         if k == 0 {
-            for (i, &s) in g.candidates.iter().enumerate() {
-                if g.one_op_away(s) {
+            for i in 0..self.graph.candidates.len() {
+                let s = self.graph.candidates[i];
+                if self.graph.threshold_evictable(s) {
                     self.pool.push(s);
-                    self.pool_hot.push(g.hot[i]);
+                    self.pool_hot.push(self.graph.hot[i]);
                 }
             }
         }
@@ -1743,10 +1743,10 @@ impl<V> Runtime<V> {
         }
         let mut evicted = false;
         for &s in &victims {
-            // Under the threshold trigger, an earlier victim may have made this
-            // one two ops away: checked at each eviction.
+            // Under the threshold trigger, an earlier victim may have grown this
+            // one's region: checked at each eviction.
             if self.graph.st(s).cand_pos != NONE
-                && (!self.shallow_only || self.graph.one_op_away(s))
+                && (!self.shallow_only || self.graph.threshold_evictable(s))
             {
                 self.log_eviction(s, false);
                 self.evict_storage(s, false)?;
