@@ -4,243 +4,41 @@
 //! output layer's matmul, in candle's order: losses and parameters equal plain
 //! candle's bit for bit over several AdamW steps, unconstrained and at 50 % and
 //! 30 % of the activation peak. The shared table is counted once in the budget.
+//! The model is `examples/shared/lm.rs` (also the `decoder_lm` example's).
 
 mod common;
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Device, Module as _, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use common::{bits, rand};
-use remat_candle::nn::{self, ops, rotary_emb, Module};
-use remat_candle::{BudgetMode, DtrConfig, RTensor, Remat, RematConfig};
+use remat_candle::nn;
+use remat_candle::{BudgetMode, DtrConfig, Remat, RematConfig};
 
-const VOCAB: usize = 48;
-const DIM: usize = 32;
-const HEADS: usize = 4;
-const HD: usize = DIM / HEADS;
-const HIDDEN: usize = 64;
-const LAYERS: usize = 2;
+#[path = "../examples/shared/lm.rs"]
+mod lm;
+use lm::{Config, Lm, PlainLm};
+
+const CFG: Config = Config {
+    vocab: 48,
+    dim: 32,
+    heads: 4,
+    hidden: 64,
+    layers: 2,
+    seq: 10,
+    rms_eps: 1e-6,
+    rope_theta: 10000.,
+};
+const VOCAB: usize = CFG.vocab;
+const DIM: usize = CFG.dim;
 const B: usize = 3;
-const T: usize = 10;
+const T: usize = CFG.seq;
 const STEPS: usize = 4;
-const EPS: f64 = 1e-6;
 
 /// One fixed batch: the loss must fall over the steps.
 fn tokens(_step: usize) -> (Tensor, Tensor) {
-    let ids: Vec<u32> = (0..B * (T + 1))
-        .map(|i| ((i * 7 + i / 5) % VOCAB) as u32)
-        .collect();
-    let all = Tensor::from_vec(ids, (B, T + 1), &Device::Cpu).unwrap();
-    (
-        all.narrow(1, 0, T).unwrap().contiguous().unwrap(),
-        all.narrow(1, 1, T)
-            .unwrap()
-            .contiguous()
-            .unwrap()
-            .flatten_all()
-            .unwrap(),
-    )
-}
-
-/// Llama's rotary tables `(T, HD / 2)` and the causal mask (1 above the diagonal).
-fn tables() -> (Tensor, Tensor, Tensor) {
-    let inv: Vec<f32> = (0..HD)
-        .step_by(2)
-        .map(|i| 1f32 / 10000f32.powf(i as f32 / HD as f32))
-        .collect();
-    let inv = Tensor::from_vec(inv, (1, HD / 2), &Device::Cpu).unwrap();
-    let t = Tensor::arange(0u32, T as u32, &Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .reshape((T, 1))
-        .unwrap();
-    let freqs = t.matmul(&inv).unwrap();
-    let mask: Vec<u8> = (0..T)
-        .flat_map(|i| (0..T).map(move |j| u8::from(j > i)))
-        .collect();
-    (
-        freqs.cos().unwrap(),
-        freqs.sin().unwrap(),
-        Tensor::from_vec(mask, (T, T), &Device::Cpu).unwrap(),
-    )
-}
-
-// ----- remat-candle -------------------------------------------------------------------
-
-struct Layer {
-    rms1: nn::RmsNorm,
-    q: nn::Linear,
-    k: nn::Linear,
-    v: nn::Linear,
-    o: nn::Linear,
-    rms2: nn::RmsNorm,
-    gate: nn::Linear,
-    up: nn::Linear,
-    down: nn::Linear,
-}
-
-struct Lm {
-    embed: nn::Embedding,
-    layers: Vec<Layer>,
-    norm: nn::RmsNorm,
-    head: nn::Linear,
-    cos: RTensor,
-    sin: RTensor,
-    mask: RTensor,
-}
-
-impl Lm {
-    fn new(remat: &Remat, vb: VarBuilder) -> remat_candle::Result<Self> {
-        let embed = nn::embedding(remat, VOCAB, DIM, vb.pp("embed"))?;
-        let lin = |i, o, p: &str, vb: &VarBuilder| nn::linear_no_bias(remat, i, o, vb.pp(p));
-        let layers = (0..LAYERS)
-            .map(|l| {
-                let vb = vb.pp(format!("layers.{l}"));
-                Ok(Layer {
-                    rms1: nn::rms_norm(remat, DIM, EPS, vb.pp("rms1"))?,
-                    q: lin(DIM, DIM, "q", &vb)?,
-                    k: lin(DIM, DIM, "k", &vb)?,
-                    v: lin(DIM, DIM, "v", &vb)?,
-                    o: lin(DIM, DIM, "o", &vb)?,
-                    rms2: nn::rms_norm(remat, DIM, EPS, vb.pp("rms2"))?,
-                    gate: lin(DIM, HIDDEN, "gate", &vb)?,
-                    up: lin(DIM, HIDDEN, "up", &vb)?,
-                    down: lin(HIDDEN, DIM, "down", &vb)?,
-                })
-            })
-            .collect::<remat_candle::Result<Vec<_>>>()?;
-        let norm = nn::rms_norm(remat, DIM, EPS, vb.pp("norm"))?;
-        // Tied as candle-transformers writes it: a candle-nn Linear over the
-        // embedding's candle tensor, wrapped; the storage is shared, not counted twice.
-        let table = vb.pp("embed").get((VOCAB, DIM), "weight")?;
-        let head = nn::Linear::from_candle(remat, &candle_nn::Linear::new(table, None))?;
-        let (cos, sin, mask) = tables();
-        Ok(Self {
-            embed,
-            layers,
-            norm,
-            head,
-            cos: remat.input(&cos)?,
-            sin: remat.input(&sin)?,
-            mask: remat.input(&mask)?,
-        })
-    }
-
-    fn attention(&self, l: &Layer, x: &RTensor) -> remat_candle::Result<RTensor> {
-        let (b, t, _) = x.dims3()?;
-        let split = |y: RTensor| y.reshape((b, t, HEADS, HD))?.transpose(1, 2)?.contiguous();
-        let q = rotary_emb::rope(&split(l.q.forward(x)?)?, &self.cos, &self.sin)?;
-        let k = rotary_emb::rope(&split(l.k.forward(x)?)?, &self.cos, &self.sin)?;
-        let v = split(l.v.forward(x)?)?;
-        let att = (q.matmul(&k.t()?)? / (HD as f64).sqrt())?;
-        let mask = self.mask.broadcast_as(att.shape())?;
-        let att = ops::softmax_last_dim(&att.masked_fill(&mask, f32::NEG_INFINITY)?)?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, DIM))?;
-        l.o.forward(&y)
-    }
-
-    fn forward(&self, ids: &RTensor) -> remat_candle::Result<RTensor> {
-        let mut x = self.embed.forward(ids)?;
-        for l in &self.layers {
-            x = (&x + self.attention(l, &l.rms1.forward(&x)?)?)?;
-            let h = l.rms2.forward(&x)?;
-            let m = l
-                .down
-                .forward(&(ops::silu(&l.gate.forward(&h)?)? * l.up.forward(&h)?)?)?;
-            x = (&x + m)?;
-        }
-        self.head.forward(&self.norm.forward(&x)?)
-    }
-}
-
-// ----- plain candle --------------------------------------------------------------------
-
-struct PlainLayer {
-    rms1: candle_nn::RmsNorm,
-    q: candle_nn::Linear,
-    k: candle_nn::Linear,
-    v: candle_nn::Linear,
-    o: candle_nn::Linear,
-    rms2: candle_nn::RmsNorm,
-    gate: candle_nn::Linear,
-    up: candle_nn::Linear,
-    down: candle_nn::Linear,
-}
-
-struct PlainLm {
-    embed: candle_nn::Embedding,
-    layers: Vec<PlainLayer>,
-    norm: candle_nn::RmsNorm,
-    head: candle_nn::Linear,
-    cos: Tensor,
-    sin: Tensor,
-    mask: Tensor,
-}
-
-impl PlainLm {
-    fn new(vb: VarBuilder) -> candle_core::Result<Self> {
-        let embed = candle_nn::embedding(VOCAB, DIM, vb.pp("embed"))?;
-        let lin = |i, o, p: &str, vb: &VarBuilder| candle_nn::linear_no_bias(i, o, vb.pp(p));
-        let layers = (0..LAYERS)
-            .map(|l| {
-                let vb = vb.pp(format!("layers.{l}"));
-                Ok(PlainLayer {
-                    rms1: candle_nn::rms_norm(DIM, EPS, vb.pp("rms1"))?,
-                    q: lin(DIM, DIM, "q", &vb)?,
-                    k: lin(DIM, DIM, "k", &vb)?,
-                    v: lin(DIM, DIM, "v", &vb)?,
-                    o: lin(DIM, DIM, "o", &vb)?,
-                    rms2: candle_nn::rms_norm(DIM, EPS, vb.pp("rms2"))?,
-                    gate: lin(DIM, HIDDEN, "gate", &vb)?,
-                    up: lin(DIM, HIDDEN, "up", &vb)?,
-                    down: lin(HIDDEN, DIM, "down", &vb)?,
-                })
-            })
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let norm = candle_nn::rms_norm(DIM, EPS, vb.pp("norm"))?;
-        let head = candle_nn::Linear::new(embed.embeddings().clone(), None);
-        let (cos, sin, mask) = tables();
-        Ok(Self {
-            embed,
-            layers,
-            norm,
-            head,
-            cos,
-            sin,
-            mask,
-        })
-    }
-
-    fn attention(&self, l: &PlainLayer, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        let split = |y: Tensor| y.reshape((b, t, HEADS, HD))?.transpose(1, 2)?.contiguous();
-        // The differentiable forms: candle-nn's fused rope and softmax_last_dim
-        // have no backward on the CPU.
-        let q = candle_nn::rotary_emb::rope_slow(&split(l.q.forward(x)?)?, &self.cos, &self.sin)?;
-        let k = candle_nn::rotary_emb::rope_slow(&split(l.k.forward(x)?)?, &self.cos, &self.sin)?;
-        let v = split(l.v.forward(x)?)?;
-        let att = (q.matmul(&k.t()?)? / (HD as f64).sqrt())?;
-        let mask = self.mask.broadcast_as(att.shape())?;
-        let on_true = Tensor::new(f32::NEG_INFINITY, att.device())?.broadcast_as(mask.shape())?;
-        let att = candle_nn::ops::softmax(&mask.where_cond(&on_true, &att)?, D::Minus1)?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, DIM))?;
-        l.o.forward(&y)
-    }
-
-    fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        let mut x = self.embed.forward(ids)?;
-        for l in &self.layers {
-            x = (&x + self.attention(l, &l.rms1.forward_diff(&x)?)?)?;
-            let h = l.rms2.forward_diff(&x)?;
-            let m = l
-                .down
-                .forward(&(candle_nn::ops::silu(&l.gate.forward(&h)?)? * l.up.forward(&h)?)?)?;
-            x = (&x + m)?;
-        }
-        self.head.forward(&self.norm.forward_diff(&x)?)
-    }
+    lm::tokens(&CFG, B, &Device::Cpu).unwrap()
 }
 
 // ----- training ------------------------------------------------------------------------
@@ -255,7 +53,11 @@ struct Run {
 
 fn init() -> HashMap<String, Tensor> {
     let varmap = VarMap::new();
-    PlainLm::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    PlainLm::new(
+        CFG,
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
     let data = varmap.data().lock().unwrap();
     data.iter()
         .map(|(k, v)| {
@@ -285,7 +87,11 @@ fn set(varmap: &VarMap, init: &HashMap<String, Tensor>) {
 
 fn train_plain(init: &HashMap<String, Tensor>) -> Run {
     let varmap = VarMap::new();
-    let model = PlainLm::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    let model = PlainLm::new(
+        CFG,
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+    )
+    .unwrap();
     set(&varmap, init);
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
     let mut losses = Vec::new();
@@ -316,6 +122,7 @@ fn train_remat(init: &HashMap<String, Tensor>, budget: Option<u64>) -> Run {
     let remat = Remat::new(cfg).unwrap();
     let varmap = VarMap::new();
     let model = Lm::new(
+        CFG,
         &remat,
         VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
     )
@@ -382,7 +189,7 @@ fn tied_embeddings_train_bit_identically_to_plain_candle() {
     same_params(&free.params, &plain.params, "unconstrained vs plain candle");
     // External bytes: parameters (the table once), the rotary tables, the mask
     // and one step's ids and targets.
-    let ext = param_bytes(&init) + (2 * T * HD / 2 * 4 + T * T + 2 * B * T * 4) as u64;
+    let ext = param_bytes(&init) + CFG.table_bytes() + (2 * B * T * 4) as u64;
     let act = free.peak - ext;
     for frac in [0.5, 0.3] {
         let budget = ext + (act as f64 * frac) as u64;
