@@ -73,8 +73,8 @@ mod summary;
 mod sync;
 
 pub use allocator::{
-    AdjacentFree, Allocation, AllocatorView, BlockInfo, CachingAllocator, FreeMemoryCallback,
-    OomObserver,
+    AdjacentFree, Allocation, AllocatorBatch, AllocatorView, BlockInfo, CachingAllocator,
+    FreeMemoryCallback, OomObserver,
 };
 pub use config::{AllocatorConfig, ConfigError};
 pub use device::{

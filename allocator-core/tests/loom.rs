@@ -6,7 +6,7 @@
 
 #![cfg(loom)]
 
-use loom::sync::Arc;
+use loom::sync::{Arc, Mutex};
 use loom::thread;
 use remat_alloc::{AllocatorConfig, CachingAllocator, SimulatedDevice, StreamId};
 
@@ -136,5 +136,89 @@ fn broken_check_then_act_is_caught() {
         let mine = racy(&a).is_some();
         let theirs = t.join().unwrap();
         assert!(!(mine && theirs), "both threads allocated");
+    });
+}
+
+/// A batch (one lock for many operations) on one thread while another thread
+/// uses the public API: no overlapping blocks, and afterwards the stats equal a
+/// recount. The batch holds the lock between its calls, so the other thread's
+/// malloc runs before or after the whole batch, never between its operations.
+#[test]
+fn batch_against_public_calls() {
+    loom::model(|| {
+        let a = allocator();
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            let x = b.malloc(MB, StreamId::DEFAULT).unwrap();
+            let range = (x.ptr(), x.ptr() + x.size() as u64);
+            b.free(x).unwrap();
+            range
+        });
+        {
+            let mut g = a.batch();
+            let y = g.malloc(MB, StreamId::DEFAULT).unwrap();
+            let adj = g.adjacent_free_size(&y).unwrap();
+            let yr = (y.ptr(), y.ptr() + y.size() as u64);
+            g.free(y).unwrap();
+            // Nothing ran in between: the freed block is the best fit again.
+            let z = g.malloc(MB, StreamId::DEFAULT).unwrap();
+            assert_eq!(z.ptr(), yr.0, "another thread ran inside the batch");
+            assert_eq!(g.adjacent_free_size(&z).unwrap(), adj);
+            g.free(z).unwrap();
+        }
+        let xr = t.join().unwrap();
+        assert!(xr.0 < xr.1);
+        settle(&a);
+        assert_eq!(a.memory_allocated(), 0);
+    });
+}
+
+/// A batch's malloc that misses the cache runs the free-memory callback with
+/// the lock released: the callback frees through the public API (a deadlock,
+/// which loom reports, if the batch kept the lock), while another thread
+/// allocates from the cache; state stays consistent.
+#[test]
+fn batch_miss_runs_callbacks_outside_the_lock() {
+    loom::model(|| {
+        let a = Arc::new(
+            CachingAllocator::new(SimulatedDevice::new(32 * MB), AllocatorConfig::default())
+                .unwrap(),
+        );
+        // The callback reaches the allocator through a slot cleared at the end
+        // (loom's Arc has no Weak), and frees the donated allocation.
+        let slot = Arc::new(Mutex::new(Some(a.clone())));
+        let spare = Arc::new(Mutex::new(None));
+        let (sl, sp) = (slot.clone(), spare.clone());
+        a.add_free_memory_callback(move || {
+            let Some(a) = sl.lock().unwrap().clone() else {
+                return false;
+            };
+            let x = sp.lock().unwrap().take();
+            x.is_some_and(|x| a.free(x).is_ok())
+        });
+        // A cached small segment, so the other thread's malloc hits the cache
+        // (a miss there would run the callback too); a 20 MiB segment, live and
+        // donated to the callback.
+        let warm = a.malloc(MB, StreamId::DEFAULT).unwrap();
+        a.free(warm).unwrap();
+        *spare.lock().unwrap() = Some(a.malloc(20 * MB, StreamId::DEFAULT).unwrap());
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            let x = b.malloc(MB, StreamId::DEFAULT).unwrap();
+            b.free(x).unwrap();
+        });
+        let mut g = a.batch();
+        // Nothing cached fits 16 MiB: a miss; the callback frees the 20 MiB
+        // block and the retried lookup splits it.
+        let y = g.malloc(16 * MB, StreamId::DEFAULT).unwrap();
+        g.free(y).unwrap();
+        drop(g);
+        t.join().unwrap();
+        assert!(spare.lock().unwrap().is_none(), "the callback ran");
+        *slot.lock().unwrap() = None;
+        settle(&a);
+        assert_eq!(a.memory_allocated(), 0);
+        assert_eq!(a.memory_reserved(), 22 * MB);
+        assert_eq!(a.memory_reserved(), a.with_device(|d| d.used()));
     });
 }

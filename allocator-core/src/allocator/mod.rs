@@ -134,6 +134,13 @@ struct Guards<'a, D> {
     dev: MutexGuard<'a, D>,
 }
 
+/// Outcome of `malloc`'s first step: finished (hit or error) with the state
+/// lock still held, or a miss with both locks held for the slow path.
+enum Cached<'a, D> {
+    Done(MutexGuard<'a, State>, Result<Allocation>),
+    Miss(Guards<'a, D>, Request),
+}
+
 impl<D: Device> CachingAllocator<D> {
     /// An allocator over `device` with `config`.
     ///
@@ -181,39 +188,62 @@ impl<D: Device> CachingAllocator<D> {
     /// segment; release cached oversize blocks and retry; release every cached
     /// block and retry; else [`Error::OutOfMemory`].
     pub fn malloc(&self, size: usize, stream: StreamId) -> Result<Allocation> {
+        match self.malloc_cached(lock(&self.state), size, stream) {
+            Cached::Done(_, r) => r,
+            Cached::Miss(g, req) => self.malloc_miss(g, &req),
+        }
+    }
+
+    /// Step 1 of `malloc` under the state lock: the size checks and best fit from
+    /// the cache. The device is only locked when completed stream events must be
+    /// processed first, or on a miss (which continues in [`Self::malloc_miss`]).
+    #[inline]
+    fn malloc_cached<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        size: usize,
+        stream: StreamId,
+    ) -> Cached<'a, D> {
         if size == 0 {
-            return Err(Error::ZeroSize);
+            return Cached::Done(st, Err(Error::ZeroSize));
         }
         if size >= crate::size::ONE_EXBIBYTE {
             let kind = lock(&self.device).kind();
-            return Err(Error::RequestTooLarge {
+            let err = Error::RequestTooLarge {
                 kind,
                 requested: size,
-            });
-        }
-        let mut st = lock(&self.state);
-        let req = st.request(size, stream);
-        // 1. best fit from the cache. The device is only locked when completed
-        //    stream events must be processed first, or on a miss.
-        let mut g = if st.events.is_empty() {
-            if let Some(b) = st.get_free_block(&req) {
-                return Ok(self.found(&mut st, b, &req));
-            }
-            Guards {
-                st,
-                dev: lock(&self.device),
-            }
-        } else {
-            let mut g = Guards {
-                st,
-                dev: lock(&self.device),
             };
-            g.st.process_events(&mut *g.dev)?;
-            if let Some(b) = g.st.get_free_block(&req) {
-                return Ok(self.found(&mut g.st, b, &req));
+            return Cached::Done(st, Err(err));
+        }
+        let req = st.request(size, stream);
+        if st.events.is_empty() {
+            if let Some(b) = st.get_free_block(&req) {
+                let a = self.found(&mut st, b, &req);
+                return Cached::Done(st, Ok(a));
             }
-            g
+            let dev = lock(&self.device);
+            return Cached::Miss(Guards { st, dev }, req);
+        }
+        let mut g = Guards {
+            st,
+            dev: lock(&self.device),
         };
+        if let Err(e) = g.st.process_events(&mut *g.dev) {
+            return Cached::Done(g.st, Err(e));
+        }
+        if let Some(b) = g.st.get_free_block(&req) {
+            let a = self.found(&mut g.st, b, &req);
+            return Cached::Done(g.st, Ok(a));
+        }
+        Cached::Miss(g, req)
+    }
+
+    /// Steps 2–7 of `malloc`, after a cache miss. May drop and re-take the locks
+    /// (callbacks and observers run outside them; with `release_lock_on_cudamalloc`
+    /// the device allocation too); returns with both released.
+    #[cold]
+    fn malloc_miss<'a>(&'a self, mut g: Guards<'a, D>, req: &Request) -> Result<Allocation> {
+        let req = *req;
         // 2. free-memory callbacks (outside the lock), then one more lookup.
         let callbacks: Vec<Arc<Box<FreeMemoryCallback>>> =
             lock(&self.hooks).free_memory_callbacks.clone();
@@ -323,8 +353,12 @@ impl<D: Device> CachingAllocator<D> {
     /// Frees an allocation. If other streams used it ([`CachingAllocator::record_stream`])
     /// its block returns to the cache only once their events complete.
     pub fn free(&self, a: Allocation) -> Result<()> {
-        let mut st = lock(&self.state);
-        let b = self.resolve(&st, &a)?;
+        self.free_locked(&mut lock(&self.state), a)
+    }
+
+    #[inline]
+    fn free_locked(&self, st: &mut State, a: Allocation) -> Result<()> {
+        let b = self.resolve(st, &a)?;
         if !st.blocks[b].stream_uses.is_empty() {
             // Used on other streams: record their end-of-use events first. If the
             // device fails, nothing has changed and the handle is still live.
@@ -361,6 +395,23 @@ impl<D: Device> CachingAllocator<D> {
             st: &st,
             owner: self.id,
         })
+    }
+
+    /// Takes the allocator lock once for many operations: the returned
+    /// [`AllocatorBatch`] serves `malloc`, `free`, `record_stream` and
+    /// `adjacent_free_size` with the decisions of the methods of the same names,
+    /// without a lock round trip per call (DTR's eviction loop, a trace replayer,
+    /// a framework's single stream). Other threads wait until it is dropped,
+    /// except while a `malloc` that missed the cache runs its slow path, which
+    /// releases the lock as [`CachingAllocator::malloc`] does. Do not call this
+    /// allocator's own methods while the batch is alive on the same thread: the
+    /// lock is held (the free-memory callbacks and OOM observers may, as they run
+    /// outside it).
+    pub fn batch(&self) -> AllocatorBatch<'_, D> {
+        AllocatorBatch {
+            alloc: self,
+            st: Some(lock(&self.state)),
+        }
     }
 
     /// Releases every cached, wholly free segment to the device (after waiting
@@ -534,5 +585,88 @@ impl AllocatorView<'_> {
     /// The statistics.
     pub fn stats(&self) -> &DeviceStats {
         &self.st.stats
+    }
+}
+
+/// The allocator locked once for many operations ([`CachingAllocator::batch`]).
+///
+/// Each method makes exactly the decision of the [`CachingAllocator`] method of
+/// the same name; only the locking differs. A `malloc` that misses the cache
+/// releases the lock for its slow path (free-memory callbacks, OOM observers,
+/// `release_lock_on_cudamalloc`) and takes it again before returning.
+pub struct AllocatorBatch<'a, D: Device> {
+    alloc: &'a CachingAllocator<D>,
+    /// The state lock; `None` only inside a slow path, never between calls.
+    st: Option<MutexGuard<'a, State>>,
+}
+
+impl<'a, D: Device> AllocatorBatch<'a, D> {
+    #[inline]
+    fn state(&mut self) -> &mut State {
+        let alloc = self.alloc;
+        self.st.get_or_insert_with(|| lock(&alloc.state))
+    }
+
+    /// [`CachingAllocator::malloc`] under the batch's lock.
+    #[inline]
+    pub fn malloc(&mut self, size: usize, stream: StreamId) -> Result<Allocation> {
+        let st = match self.st.take() {
+            Some(st) => st,
+            None => lock(&self.alloc.state),
+        };
+        match self.alloc.malloc_cached(st, size, stream) {
+            Cached::Done(st, r) => {
+                self.st = Some(st);
+                r
+            }
+            Cached::Miss(g, req) => {
+                let r = self.alloc.malloc_miss(g, &req);
+                self.st = Some(lock(&self.alloc.state));
+                r
+            }
+        }
+    }
+
+    /// [`CachingAllocator::free`] under the batch's lock.
+    #[inline]
+    pub fn free(&mut self, a: Allocation) -> Result<()> {
+        let alloc = self.alloc;
+        alloc.free_locked(self.state(), a)
+    }
+
+    /// [`CachingAllocator::record_stream`] under the batch's lock.
+    pub fn record_stream(&mut self, a: &Allocation, stream: StreamId) -> Result<()> {
+        let owner = self.alloc.id;
+        let st = self.state();
+        let b = resolve(st, owner, a)?;
+        st.record_stream(b, stream);
+        Ok(())
+    }
+
+    /// [`CachingAllocator::adjacent_free_size`] under the batch's lock: two
+    /// neighbour reads.
+    #[inline]
+    pub fn adjacent_free_size(&mut self, a: &Allocation) -> Result<AdjacentFree> {
+        let owner = self.alloc.id;
+        let st = self.state();
+        let b = resolve(st, owner, a)?;
+        Ok(st.adjacent_free(b))
+    }
+
+    /// A read-only view for the queries of [`CachingAllocator::inspect`].
+    pub fn view(&mut self) -> AllocatorView<'_> {
+        let owner = self.alloc.id;
+        AllocatorView {
+            st: self.state(),
+            owner,
+        }
+    }
+}
+
+impl<D: Device> std::fmt::Debug for AllocatorBatch<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocatorBatch")
+            .field("allocator", &self.alloc.id)
+            .finish()
     }
 }

@@ -1,6 +1,7 @@
 //! Differential test (issue 14): the allocator against the pre-rewrite
 //! implementation kept verbatim in `allocator::reference`, driven with the same
-//! generated operations. Every result (addresses, sizes, errors with their
+//! generated operations (on the new allocator partly through
+//! [`crate::AllocatorBatch`], on the reference always through its public methods). Every result (addresses, sizes, errors with their
 //! messages, adjacent-free figures), the full statistics after every operation,
 //! and the block list, snapshot (trace included) and memory summary at a fixed
 //! cadence and after every slow-path operation must be identical.
@@ -255,7 +256,7 @@ impl Pair {
     /// slow-path operation (after which everything is compared).
     fn step(&mut self, step: usize, rng: &mut Rng) -> (&'static str, bool) {
         let crowded = self.live.len() > 300;
-        let r = rng.below(1000);
+        let r = rng.below(1040);
         match r {
             0..=399 if !crowded => {
                 let (size, stream) = (size(rng), stream(rng));
@@ -410,7 +411,62 @@ impl Pair {
                 self.old.with_device(|d| d.inject_failure_on(op, e2));
                 ("inject_failure", false)
             }
-            _ => ("compare", true),
+            995..=999 => ("compare", true),
+            _ => {
+                self.batch(step, rng);
+                ("batch", false)
+            }
+        }
+    }
+
+    /// A run of hot-path operations through one [`crate::AllocatorBatch`] on the
+    /// new allocator, the public methods on the reference.
+    fn batch(&mut self, step: usize, rng: &mut Rng) {
+        let mut g = self.new.batch();
+        for k in 0..rng.range(1, 40) {
+            let r = rng.below(100);
+            if r < 45 && self.live.len() <= 300 {
+                let (size, stream) = (size(rng), stream(rng));
+                let (n, o) = (g.malloc(size, stream), self.old.malloc(size, stream));
+                let key = |x: &Allocation| (x.ptr(), x.size(), x.requested(), x.stream());
+                let okey = |x: &old::Allocation| (x.ptr(), x.size(), x.requested(), x.stream());
+                assert_eq!(
+                    n.as_ref().map(key).map_err(|e| e.to_string()),
+                    o.as_ref().map(okey).map_err(|e| e.to_string()),
+                    "step {step}.{k}: batch malloc({size}, {stream:?})"
+                );
+                if let (Ok(n), Ok(o)) = (n, o) {
+                    self.live.push((n, o));
+                }
+            } else if self.live.is_empty() {
+                continue;
+            } else if r < 80 {
+                let (n, o) = self.live.swap_remove(rng.below(self.live.len()));
+                let (rn, ro) = (g.free(n), self.old.free(o));
+                assert_eq!(outcome(&rn), outcome(&ro), "step {step}.{k}: batch free");
+            } else if r < 95 {
+                let (n, o) = &self.live[rng.below(self.live.len())];
+                let (rn, ro) = (g.adjacent_free_size(n), self.old.adjacent_free_size(o));
+                assert_eq!(
+                    outcome(&rn),
+                    outcome(&ro),
+                    "step {step}.{k}: batch adjacent"
+                );
+            } else {
+                let (n, o) = &self.live[rng.below(self.live.len())];
+                let s = stream(rng);
+                let (rn, ro) = (g.record_stream(n, s), self.old.record_stream(o, s));
+                assert_eq!(
+                    outcome(&rn),
+                    outcome(&ro),
+                    "step {step}.{k}: batch record_stream"
+                );
+            }
+            assert_eq!(
+                g.view().stats(),
+                &self.old.stats(),
+                "step {step}.{k}: batch stats differ"
+            );
         }
     }
 }

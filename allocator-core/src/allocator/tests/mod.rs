@@ -2,6 +2,7 @@
 //! listed as portable in the spec (§7.5), each named after the test it ports,
 //! core-behaviour tests of the rules, and a model-based property test.
 
+mod batch;
 mod differential;
 #[cfg(feature = "serde")]
 mod export;
