@@ -10,7 +10,7 @@
 //! | `sampling` | `on`/`off` (√N random candidates per decision) | `on` |
 //! | `filter` | `on`/`off` (ignore candidates < 1 % of the mean size) | `on` |
 //! | `min_evictee_bytes` | bytes: storages below are never candidates | `0` |
-//! | `threshold` | bytes or `none`: evict before each op while above | `none` |
+//! | `threshold` | bytes or `none`: before each op, evict while above, never an input of the op nor a storage whose evicted region would pass 8 storages (a target, not a budget) | `none` |
 //! | `seed` | u64 for the sampler | `0x5eed` |
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
@@ -191,7 +191,9 @@ pub struct DtrConfig {
     pub filter: bool,
     /// Storages smaller than this are never eviction candidates.
     pub min_evictee_bytes: u64,
-    /// Evict before each op while resident bytes exceed this.
+    /// Evict before each op while resident bytes exceed this (never the op's
+    /// inputs, nor a storage whose evicted region would pass
+    /// `Graph::THRESHOLD_REGION` storages: a target, not a budget).
     pub threshold: Option<u64>,
     /// Seed of the candidate sampler (decisions are deterministic for a seed).
     pub seed: u64,
