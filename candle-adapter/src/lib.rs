@@ -24,21 +24,21 @@
 //!
 //! ```
 //! use candle_core::{DType, Device, Tensor};
-//! use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
-//! use remat_candle::{nn, nn::Module, Remat, RematConfig};
+//! use remat_candle::nn::{self, Module, Optimizer, VarBuilder, VarMap, SGD};
+//! use remat_candle::{Remat, RematConfig};
 //!
 //! # fn main() -> remat_candle::Result<()> {
 //! let dev = Device::Cpu;
 //! let varmap = VarMap::new();
-//! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
 //! let remat = Remat::new(RematConfig::new().with_budget_bytes(16 << 20))?;
-//! let l1 = nn::linear(&remat, 8, 32, vb.pp("l1"))?;
-//! let l2 = nn::linear(&remat, 32, 1, vb.pp("l2"))?;
+//! // candle-nn's VarBuilder, carrying the context: layers are built as in candle-nn.
+//! let vb = VarBuilder::from_varmap(&remat, &varmap, DType::F32, &dev);
+//! let l1 = nn::linear(8, 32, vb.pp("l1"))?;
+//! let l2 = nn::linear(32, 1, vb.pp("l2"))?;
 //! let mut opt = SGD::new(varmap.all_vars(), 0.1)?;
 //! let x = remat.input(&Tensor::ones((4, 8), DType::F32, &dev)?)?;
 //! let loss = l2.forward(&l1.forward(&x)?.relu()?)?.sqr()?.mean_all()?;
-//! let grads = loss.backward()?;
-//! opt.step(&grads)?;
+//! opt.backward_step(&loss)?; // candle-nn's optimizer, from the adapter's loss
 //! # Ok(()) }
 //! ```
 //!

@@ -6,9 +6,11 @@
 
 use candle_core::{DType, Tensor, D};
 
-/// candle-nn's configuration structs and parameter plumbing, taken where
-/// candle-nn takes them.
-pub use candle_nn::{Conv2dConfig, Init, LayerNormConfig, VarBuilder, VarMap};
+/// candle-nn's configuration structs, initializers, optimizers and variable
+/// map, taken where candle-nn takes them.
+pub use candle_nn::{
+    init, AdamW, BatchNormConfig, Conv2dConfig, Init, LayerNormConfig, ParamsAdamW, VarMap, SGD,
+};
 
 use crate::context::Remat;
 use crate::error::{Error, Result};
@@ -46,6 +48,134 @@ pub trait ModuleT {
 impl<M: Module> ModuleT for M {
     fn forward_t(&self, xs: &RTensor, _train: bool) -> Result<RTensor> {
         self.forward(xs)
+    }
+}
+
+/// candle-nn's `VarBuilder` carrying its [`Remat`] context: the layer builders
+/// of this module take it where candle-nn's take theirs (`linear(in, out, vb)`),
+/// and [`VarBuilder::get`] returns the variable as an [`RTensor`] of the context
+/// (shared with the `Var`, counted once however often it is fetched).
+#[derive(Clone)]
+pub struct VarBuilder<'a> {
+    inner: candle_nn::VarBuilder<'a>,
+    remat: Remat,
+}
+
+impl<'a> VarBuilder<'a> {
+    /// Wrap candle-nn's builder for `remat`.
+    pub fn new(remat: &Remat, inner: candle_nn::VarBuilder<'a>) -> Self {
+        Self {
+            inner,
+            remat: remat.clone(),
+        }
+    }
+    /// Variables of `varmap` (created on first use with the builders'
+    /// initializations), as candle-nn's `VarBuilder::from_varmap`.
+    pub fn from_varmap(
+        remat: &Remat,
+        varmap: &VarMap,
+        dtype: DType,
+        device: &candle_core::Device,
+    ) -> Self {
+        Self::new(
+            remat,
+            candle_nn::VarBuilder::from_varmap(varmap, dtype, device),
+        )
+    }
+    /// The context.
+    pub fn remat(&self) -> &Remat {
+        &self.remat
+    }
+    /// candle-nn's builder underneath (for plain candle-nn layers).
+    pub fn candle(&self) -> &candle_nn::VarBuilder<'a> {
+        &self.inner
+    }
+    /// The builder under the prefix `s` (candle-nn's `pp`).
+    pub fn pp<S: ToString>(&self, s: S) -> Self {
+        Self {
+            inner: self.inner.pp(s),
+            remat: self.remat.clone(),
+        }
+    }
+    /// The same as [`VarBuilder::pp`].
+    pub fn push_prefix<S: ToString>(&self, s: S) -> Self {
+        self.pp(s)
+    }
+    /// The device of the variables.
+    pub fn device(&self) -> &candle_core::Device {
+        self.inner.device()
+    }
+    /// The dtype of the variables.
+    pub fn dtype(&self) -> DType {
+        self.inner.dtype()
+    }
+    /// Whether a variable `name` exists under the prefix.
+    pub fn contains_tensor(&self, name: &str) -> bool {
+        self.inner.contains_tensor(name)
+    }
+    /// The variable `name` of shape `s` (candle-nn's default initialization when
+    /// created), as an input of the context.
+    pub fn get<S: Into<candle_core::Shape>>(&self, s: S, name: &str) -> Result<RTensor> {
+        self.remat.input(&self.inner.get(s, name)?)
+    }
+    /// The variable `name` of shape `s`, initialized by `init` when created.
+    pub fn get_with_hints<S: Into<candle_core::Shape>>(
+        &self,
+        s: S,
+        name: &str,
+        init: Init,
+    ) -> Result<RTensor> {
+        self.remat.input(&self.inner.get_with_hints(s, name, init)?)
+    }
+}
+
+/// A candle-nn optimizer stepping from an [`RTensor`] loss: candle-nn's
+/// `Optimizer` under the same name, implemented for every candle-nn optimizer
+/// (`AdamW`, `SGD`), with `backward_step` taking the adapter's loss. Import it
+/// instead of candle-nn's.
+pub trait Optimizer: Sized {
+    /// The optimizer's settings (`ParamsAdamW`, `f64` for SGD).
+    type Config: Sized;
+    /// An optimizer over `vars`.
+    fn new(vars: Vec<candle_core::Var>, config: Self::Config) -> Result<Self>;
+    /// One step from the gradients.
+    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> Result<()>;
+    /// The learning rate.
+    fn learning_rate(&self) -> f64;
+    /// Set the learning rate.
+    fn set_learning_rate(&mut self, lr: f64);
+    /// One training step from the adapter's loss: `loss.backward()`, the loss
+    /// made resident, [`Optimizer::step`], then [`Remat::end_iteration`].
+    ///
+    /// Ending the iteration is what keeps a value read after the step honest:
+    /// the step changes the parameters in place, so a value evicted before it
+    /// could otherwise be recomputed from the new weights. The loss is resident
+    /// when this returns (reading it gives this step's value, as in candle's
+    /// `backward_step` then `loss.to_vec0()`), and any value the step left
+    /// evicted reads as a typed `StaleValue` error, never as a recomputation.
+    /// Do not call `end_iteration` again for this step.
+    fn backward_step(&mut self, loss: &RTensor) -> Result<()> {
+        let grads = loss.backward()?;
+        drop(loss.pinned()?);
+        self.step(&grads)?;
+        loss.remat().end_iteration()?;
+        Ok(())
+    }
+}
+
+impl<O: candle_nn::Optimizer> Optimizer for O {
+    type Config = O::Config;
+    fn new(vars: Vec<candle_core::Var>, config: Self::Config) -> Result<Self> {
+        <O as candle_nn::Optimizer>::new(vars, config)
+    }
+    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> Result<()> {
+        <O as candle_nn::Optimizer>::step(self, grads)
+    }
+    fn learning_rate(&self) -> f64 {
+        <O as candle_nn::Optimizer>::learning_rate(self)
+    }
+    fn set_learning_rate(&mut self, lr: f64) {
+        <O as candle_nn::Optimizer>::set_learning_rate(self, lr)
     }
 }
 
@@ -118,29 +248,27 @@ impl Module for Linear {
 }
 
 /// candle-nn's `linear` (with bias) over `vb`.
-pub fn linear(remat: &Remat, in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
-    Linear::from_candle(remat, &candle_nn::linear(in_dim, out_dim, vb)?)
+pub fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    Linear::from_candle(
+        vb.remat(),
+        &candle_nn::linear(in_dim, out_dim, vb.inner.clone())?,
+    )
 }
 
 /// candle-nn's `linear_b`: with a bias when `bias`.
-pub fn linear_b(
-    remat: &Remat,
-    in_dim: usize,
-    out_dim: usize,
-    bias: bool,
-    vb: VarBuilder,
-) -> Result<Linear> {
-    Linear::from_candle(remat, &candle_nn::linear_b(in_dim, out_dim, bias, vb)?)
+pub fn linear_b(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    Linear::from_candle(
+        vb.remat(),
+        &candle_nn::linear_b(in_dim, out_dim, bias, vb.inner.clone())?,
+    )
 }
 
 /// candle-nn's `linear_no_bias` over `vb`.
-pub fn linear_no_bias(
-    remat: &Remat,
-    in_dim: usize,
-    out_dim: usize,
-    vb: VarBuilder,
-) -> Result<Linear> {
-    Linear::from_candle(remat, &candle_nn::linear_no_bias(in_dim, out_dim, vb)?)
+pub fn linear_no_bias(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    Linear::from_candle(
+        vb.remat(),
+        &candle_nn::linear_no_bias(in_dim, out_dim, vb.inner.clone())?,
+    )
 }
 
 /// A 2D convolution (candle-nn's `Conv2d`, `groups` = 1).
@@ -205,7 +333,6 @@ impl Module for Conv2d {
 
 /// candle-nn's `conv2d` over `vb`.
 pub fn conv2d(
-    remat: &Remat,
     in_channels: usize,
     out_channels: usize,
     kernel_size: usize,
@@ -213,14 +340,19 @@ pub fn conv2d(
     vb: VarBuilder,
 ) -> Result<Conv2d> {
     Conv2d::from_candle(
-        remat,
-        &candle_nn::conv2d(in_channels, out_channels, kernel_size, cfg, vb)?,
+        vb.remat(),
+        &candle_nn::conv2d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            cfg,
+            vb.inner.clone(),
+        )?,
     )
 }
 
 /// candle-nn's `conv2d_no_bias` over `vb`.
 pub fn conv2d_no_bias(
-    remat: &Remat,
     in_channels: usize,
     out_channels: usize,
     kernel_size: usize,
@@ -228,8 +360,14 @@ pub fn conv2d_no_bias(
     vb: VarBuilder,
 ) -> Result<Conv2d> {
     Conv2d::from_candle(
-        remat,
-        &candle_nn::conv2d_no_bias(in_channels, out_channels, kernel_size, cfg, vb)?,
+        vb.remat(),
+        &candle_nn::conv2d_no_bias(
+            in_channels,
+            out_channels,
+            kernel_size,
+            cfg,
+            vb.inner.clone(),
+        )?,
     )
 }
 
@@ -320,22 +458,22 @@ impl Module for LayerNorm {
 /// candle-nn's `layer_norm` over `vb` (weight 1, bias 0 when `affine`); `config`
 /// is a `LayerNormConfig` or an `eps: f64`.
 pub fn layer_norm<C: Into<LayerNormConfig>>(
-    remat: &Remat,
     size: usize,
     config: C,
     vb: VarBuilder,
 ) -> Result<LayerNorm> {
-    LayerNorm::from_candle(remat, &candle_nn::layer_norm(size, config, vb)?)
+    LayerNorm::from_candle(
+        vb.remat(),
+        &candle_nn::layer_norm(size, config, vb.inner.clone())?,
+    )
 }
 
 /// candle-nn's `layer_norm_no_bias` over `vb`.
-pub fn layer_norm_no_bias(
-    remat: &Remat,
-    size: usize,
-    eps: f64,
-    vb: VarBuilder,
-) -> Result<LayerNorm> {
-    LayerNorm::from_candle(remat, &candle_nn::layer_norm_no_bias(size, eps, vb)?)
+pub fn layer_norm_no_bias(size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
+    LayerNorm::from_candle(
+        vb.remat(),
+        &candle_nn::layer_norm_no_bias(size, eps, vb.inner.clone())?,
+    )
 }
 
 /// RMS normalization (candle-nn's `RmsNorm`). Its forward is candle-nn's
@@ -371,9 +509,9 @@ impl Module for RmsNorm {
 }
 
 /// candle-nn's `rms_norm` over `vb` (weight 1).
-pub fn rms_norm(remat: &Remat, size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
-    let rms = candle_nn::rms_norm(size, eps, vb)?;
-    Ok(RmsNorm::new(remat.input(rms.weight())?, eps))
+pub fn rms_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
+    let rms = candle_nn::rms_norm(size, eps, vb.inner.clone())?;
+    Ok(RmsNorm::new(vb.remat().input(rms.weight())?, eps))
 }
 
 /// Batch normalization in training mode over dimension 1 (batch statistics, the
@@ -412,13 +550,17 @@ impl Module for BatchNorm {
 
 /// Batch norm parameters (weight 1, bias 0) over `vb`, as candle-nn's
 /// `batch_norm` names them.
-pub fn batch_norm(remat: &Remat, channels: usize, eps: f64, vb: VarBuilder) -> Result<BatchNorm> {
-    let w = vb.get_with_hints(channels, "weight", candle_nn::Init::Const(1.))?;
-    let b = vb.get_with_hints(channels, "bias", candle_nn::Init::Const(0.))?;
+/// `config` is candle-nn's `BatchNormConfig` or an `eps: f64`; only its `eps`
+/// is used (no running statistics).
+pub fn batch_norm<C: Into<BatchNormConfig>>(
+    channels: usize,
+    config: C,
+    vb: VarBuilder,
+) -> Result<BatchNorm> {
     Ok(BatchNorm {
-        weight: remat.input(&w)?,
-        bias: remat.input(&b)?,
-        eps,
+        weight: vb.get_with_hints(channels, "weight", candle_nn::Init::Const(1.))?,
+        bias: vb.get_with_hints(channels, "bias", candle_nn::Init::Const(0.))?,
+        eps: config.into().eps,
     })
 }
 
@@ -460,10 +602,10 @@ impl Module for Embedding {
 }
 
 /// candle-nn's `embedding` over `vb`.
-pub fn embedding(remat: &Remat, n: usize, hidden: usize, vb: VarBuilder) -> Result<Embedding> {
-    let e = candle_nn::embedding(n, hidden, vb)?;
+pub fn embedding(n: usize, hidden: usize, vb: VarBuilder) -> Result<Embedding> {
+    let e = candle_nn::embedding(n, hidden, vb.inner.clone())?;
     Ok(Embedding {
-        table: remat.input(e.embeddings())?,
+        table: vb.remat().input(e.embeddings())?,
         hidden_size: hidden,
     })
 }
@@ -543,7 +685,7 @@ pub struct MultiHeadAttention {
 
 impl MultiHeadAttention {
     /// Projections `q`, `k`, `v`, `o` of `dim × dim` under `vb`.
-    pub fn new(remat: &Remat, dim: usize, heads: usize, vb: VarBuilder) -> Result<Self> {
+    pub fn new(dim: usize, heads: usize, vb: VarBuilder) -> Result<Self> {
         if heads == 0 || dim % heads != 0 {
             return Err(Error::Unsupported {
                 op: "attention",
@@ -552,10 +694,10 @@ impl MultiHeadAttention {
             .into());
         }
         Ok(Self {
-            q: linear(remat, dim, dim, vb.pp("q"))?,
-            k: linear(remat, dim, dim, vb.pp("k"))?,
-            v: linear(remat, dim, dim, vb.pp("v"))?,
-            o: linear(remat, dim, dim, vb.pp("o"))?,
+            q: linear(dim, dim, vb.pp("q"))?,
+            k: linear(dim, dim, vb.pp("k"))?,
+            v: linear(dim, dim, vb.pp("v"))?,
+            o: linear(dim, dim, vb.pp("o"))?,
             heads,
             head_dim: dim / heads,
         })

@@ -6,7 +6,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
 use common::{bits, rand};
 use remat_candle::nn::{self, loss, Module};
 use remat_candle::{BudgetMode, CandleErrorExt, DtrConfig, IterationReport, Remat, RematConfig};
@@ -54,10 +54,10 @@ fn train(budget: Option<u64>) -> (Vec<u32>, Vec<IterationReport>, u64) {
     };
     let remat = Remat::new(cfg).unwrap();
     let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let l1 = nn::linear(&remat, 32, 64, vb.pp("l1")).unwrap();
-    let l2 = nn::linear(&remat, 64, 64, vb.pp("l2")).unwrap();
-    let l3 = nn::linear(&remat, 64, 10, vb.pp("l3")).unwrap();
+    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
+    let l1 = nn::linear(32, 64, vb.pp("l1")).unwrap();
+    let l2 = nn::linear(64, 64, vb.pp("l2")).unwrap();
+    let l3 = nn::linear(64, 10, vb.pp("l3")).unwrap();
     // Seeded values by name (candle-nn's init draws from a thread RNG).
     let mut vars: Vec<(String, Var)> = varmap
         .data()

@@ -140,10 +140,11 @@ fn mlp_batch(step: usize) -> (Tensor, Tensor) {
 
 impl Model for Mlp {
     fn build(remat: &Remat, vb: VarBuilder) -> Self {
+        let vb = nn::VarBuilder::new(remat, vb);
         Mlp {
-            l1: nn::linear(remat, 32, 64, vb.pp("l1")).unwrap(),
-            l2: nn::linear(remat, 64, 64, vb.pp("l2")).unwrap(),
-            l3: nn::linear(remat, 64, 10, vb.pp("l3")).unwrap(),
+            l1: nn::linear(32, 64, vb.pp("l1")).unwrap(),
+            l2: nn::linear(64, 64, vb.pp("l2")).unwrap(),
+            l3: nn::linear(64, 10, vb.pp("l3")).unwrap(),
         }
     }
     fn loss(&self, remat: &Remat, step: usize) -> remat_candle::Result<RTensor> {
@@ -229,11 +230,12 @@ fn conv_cfg() -> candle_nn::Conv2dConfig {
 
 impl Model for Cnn {
     fn build(remat: &Remat, vb: VarBuilder) -> Self {
+        let vb = nn::VarBuilder::new(remat, vb);
         Cnn {
-            c1: nn::conv2d(remat, 1, 8, 3, conv_cfg(), vb.pp("c1")).unwrap(),
-            bn: nn::batch_norm(remat, 8, 1e-5, vb.pp("bn")).unwrap(),
-            c2: nn::conv2d(remat, 8, 16, 3, conv_cfg(), vb.pp("c2")).unwrap(),
-            fc: nn::linear(remat, 16 * 4 * 4, 10, vb.pp("fc")).unwrap(),
+            c1: nn::conv2d(1, 8, 3, conv_cfg(), vb.pp("c1")).unwrap(),
+            bn: nn::batch_norm(8, 1e-5, vb.pp("bn")).unwrap(),
+            c2: nn::conv2d(8, 16, 3, conv_cfg(), vb.pp("c2")).unwrap(),
+            fc: nn::linear(16 * 4 * 4, 10, vb.pp("fc")).unwrap(),
         }
     }
     fn loss(&self, remat: &Remat, step: usize) -> remat_candle::Result<RTensor> {
@@ -354,14 +356,15 @@ fn tokens(_step: usize) -> (Tensor, Tensor) {
 
 impl Model for Block {
     fn build(remat: &Remat, vb: VarBuilder) -> Self {
+        let vb = nn::VarBuilder::new(remat, vb);
         Block {
-            emb: nn::embedding(remat, VOCAB, DIM, vb.pp("emb")).unwrap(),
-            ln1: nn::layer_norm(remat, DIM, 1e-5, vb.pp("ln1")).unwrap(),
-            att: nn::MultiHeadAttention::new(remat, DIM, 4, vb.pp("att")).unwrap(),
-            ln2: nn::layer_norm(remat, DIM, 1e-5, vb.pp("ln2")).unwrap(),
-            up: nn::linear(remat, DIM, 4 * DIM, vb.pp("up")).unwrap(),
-            down: nn::linear(remat, 4 * DIM, DIM, vb.pp("down")).unwrap(),
-            head: nn::linear(remat, DIM, VOCAB, vb.pp("head")).unwrap(),
+            emb: nn::embedding(VOCAB, DIM, vb.pp("emb")).unwrap(),
+            ln1: nn::layer_norm(DIM, 1e-5, vb.pp("ln1")).unwrap(),
+            att: nn::MultiHeadAttention::new(DIM, 4, vb.pp("att")).unwrap(),
+            ln2: nn::layer_norm(DIM, 1e-5, vb.pp("ln2")).unwrap(),
+            up: nn::linear(DIM, 4 * DIM, vb.pp("up")).unwrap(),
+            down: nn::linear(4 * DIM, DIM, vb.pp("down")).unwrap(),
+            head: nn::linear(DIM, VOCAB, vb.pp("head")).unwrap(),
         }
     }
     fn loss(&self, remat: &Remat, step: usize) -> remat_candle::Result<RTensor> {

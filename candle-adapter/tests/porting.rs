@@ -5,7 +5,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarMap;
 use common::rand;
 use remat_candle::nn::{self, Module};
 use remat_candle::{
@@ -40,9 +40,9 @@ impl Module for Block {
 fn candle_result_bail_and_tail_forward_compile_and_run() {
     let remat = Remat::unbounded().unwrap();
     let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
     let block = Block {
-        linear: nn::linear(&remat, 4, 3, vb.pp("l")).unwrap(),
+        linear: nn::linear(4, 3, vb.pp("l")).unwrap(),
     };
     let x = remat.input(&rand(1, &[2, 4], -1.0, 1.0)).unwrap();
     assert_eq!(block.forward(&x).unwrap().dims(), &[2, 3]);

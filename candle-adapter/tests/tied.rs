@@ -208,12 +208,12 @@ fn tied_embeddings_train_bit_identically_to_plain_candle() {
 fn a_shared_storage_is_counted_once() {
     let remat = Remat::unbounded().unwrap();
     let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let emb = nn::embedding(&remat, VOCAB, DIM, vb.pp("embed")).unwrap();
+    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
+    let emb = nn::embedding(VOCAB, DIM, vb.pp("embed")).unwrap();
     let before = remat.stats().unwrap().live_bytes;
     assert_eq!(before, (VOCAB * DIM * 4) as u64);
     // The same storage wrapped again, as a candle-nn layer over the table.
-    let table = vb.pp("embed").get((VOCAB, DIM), "weight").unwrap();
+    let table = vb.candle().pp("embed").get((VOCAB, DIM), "weight").unwrap();
     let head =
         nn::Linear::from_candle(&remat, &candle_nn::Linear::new(table.clone(), None)).unwrap();
     assert_eq!(remat.stats().unwrap().live_bytes, before);

@@ -59,17 +59,18 @@ pub struct Cnn {
 
 impl Cnn {
     pub fn new(remat: &Remat, vb: VarBuilder) -> remat_candle::Result<Self> {
+        let vb = nn::VarBuilder::new(remat, vb);
         let cfg = candle_nn::Conv2dConfig {
             padding: 1,
             ..Default::default()
         };
         Ok(Self {
-            c1: nn::conv2d(remat, 1, 32, 3, cfg, vb.pp("c1"))?,
-            bn1: nn::batch_norm(remat, 32, 1e-5, vb.pp("bn1"))?,
-            c2: nn::conv2d(remat, 32, 32, 3, cfg, vb.pp("c2"))?,
-            c3: nn::conv2d(remat, 32, 64, 3, cfg, vb.pp("c3"))?,
-            fc1: nn::linear(remat, 64 * 8 * 8, 128, vb.pp("fc1"))?,
-            fc2: nn::linear(remat, 128, CLASSES, vb.pp("fc2"))?,
+            c1: nn::conv2d(1, 32, 3, cfg, vb.pp("c1"))?,
+            bn1: nn::batch_norm(32, 1e-5, vb.pp("bn1"))?,
+            c2: nn::conv2d(32, 32, 3, cfg, vb.pp("c2"))?,
+            c3: nn::conv2d(32, 64, 3, cfg, vb.pp("c3"))?,
+            fc1: nn::linear(64 * 8 * 8, 128, vb.pp("fc1"))?,
+            fc2: nn::linear(128, CLASSES, vb.pp("fc2"))?,
         })
     }
 

@@ -105,29 +105,30 @@ pub struct Lm {
 
 impl Lm {
     pub fn new(cfg: Config, remat: &Remat, vb: VarBuilder) -> remat_candle::Result<Self> {
+        let vb = nn::VarBuilder::new(remat, vb);
         let (dim, hidden) = (cfg.dim, cfg.hidden);
-        let embed = nn::embedding(remat, cfg.vocab, dim, vb.pp("embed"))?;
-        let lin = |i, o, p: &str, vb: &VarBuilder| nn::linear_no_bias(remat, i, o, vb.pp(p));
+        let embed = nn::embedding(cfg.vocab, dim, vb.pp("embed"))?;
+        let lin = |i, o, p: &str, vb: &nn::VarBuilder| nn::linear_no_bias(i, o, vb.pp(p));
         let layers = (0..cfg.layers)
             .map(|l| {
                 let vb = vb.pp(format!("layers.{l}"));
                 Ok(Layer {
-                    rms1: nn::rms_norm(remat, dim, cfg.rms_eps, vb.pp("rms1"))?,
+                    rms1: nn::rms_norm(dim, cfg.rms_eps, vb.pp("rms1"))?,
                     q: lin(dim, dim, "q", &vb)?,
                     k: lin(dim, dim, "k", &vb)?,
                     v: lin(dim, dim, "v", &vb)?,
                     o: lin(dim, dim, "o", &vb)?,
-                    rms2: nn::rms_norm(remat, dim, cfg.rms_eps, vb.pp("rms2"))?,
+                    rms2: nn::rms_norm(dim, cfg.rms_eps, vb.pp("rms2"))?,
                     gate: lin(dim, hidden, "gate", &vb)?,
                     up: lin(dim, hidden, "up", &vb)?,
                     down: lin(hidden, dim, "down", &vb)?,
                 })
             })
             .collect::<remat_candle::Result<Vec<_>>>()?;
-        let norm = nn::rms_norm(remat, dim, cfg.rms_eps, vb.pp("norm"))?;
+        let norm = nn::rms_norm(dim, cfg.rms_eps, vb.pp("norm"))?;
         // Tied as candle-transformers writes it: a candle-nn Linear over the
         // embedding's tensor, wrapped. The storage is shared, counted once.
-        let table = vb.pp("embed").get((cfg.vocab, dim), "weight")?;
+        let table = vb.candle().pp("embed").get((cfg.vocab, dim), "weight")?;
         let head = nn::Linear::from_candle(remat, &candle_nn::Linear::new(table, None))?;
         let (cos, sin, mask) = tables(&cfg, vb.device())?;
         Ok(Self {
