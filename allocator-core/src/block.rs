@@ -67,8 +67,9 @@ pub(crate) struct Block {
     pub gc_count_base: u64,
     /// Index of the expandable segment the block lives in, if any.
     pub expandable: Option<usize>,
-    /// Serial number of the current allocation (0 when never allocated); a
-    /// handle must carry the same serial, so stale handles are rejected.
+    /// Serial number of the current allocation, unique over the allocator's
+    /// life; 0 while the block is not allocated. A handle must carry the same
+    /// serial, so validating it is one compare and stale handles are rejected.
     pub serial: u64,
 }
 

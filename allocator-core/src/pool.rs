@@ -148,22 +148,30 @@ impl StreamIndex {
     fn insert(&mut self, e: Entry) -> bool {
         let b = bin_of(e.size);
         let bin = &mut self.bins[b];
-        match bin.binary_search_by(|x| x.key().cmp(&e.key())) {
-            Ok(_) => false,
-            Err(i) => {
-                bin.insert(i, e);
-                self.mark(b);
-                true
+        // Most bins hold a few entries: appending (the common case, and the
+        // only one for an empty bin) skips the search and the shift.
+        if bin.last().is_none_or(|l| l.key() < e.key()) {
+            bin.push(e);
+        } else {
+            match bin.binary_search_by(|x| x.key().cmp(&e.key())) {
+                Ok(_) => return false,
+                Err(i) => bin.insert(i, e),
             }
         }
+        self.mark(b);
+        true
     }
 
     #[inline]
     fn remove(&mut self, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         let b = bin_of(size);
         let bin = &mut self.bins[b];
-        let i = bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?;
-        let e = bin.remove(i);
+        let e = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
+            bin.pop()?
+        } else {
+            let i = bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?;
+            bin.remove(i)
+        };
         if bin.is_empty() {
             self.unmark(b);
         }
@@ -185,6 +193,14 @@ impl StreamIndex {
             },
         }
     }
+}
+
+/// Where an entry lies: stream, bin and index in the bin.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slot {
+    stream: u32,
+    bin: u32,
+    at: u32,
 }
 
 /// Entries of one stream from a position on, in `(size, address)` order.
@@ -308,6 +324,38 @@ impl BlockPool {
             out.extend(s.iter().map(|e| e.id));
         }
         out
+    }
+
+    /// The best fit for `size` on `stream` (the first of [`BlockPool::at_least`])
+    /// and where it lies, for [`BlockPool::remove_slot`].
+    #[inline]
+    pub(crate) fn best_fit(&self, stream: StreamId, size: usize) -> Option<(Entry, Slot)> {
+        let s = self.streams.iter().position(|s| s.stream == stream)?;
+        let index = &self.streams[s];
+        let (bin, at) = index.lower_bound(size)?;
+        let slot = Slot {
+            stream: s as u32,
+            bin: bin as u32,
+            at: at as u32,
+        };
+        Some((index.bins[bin][at], slot))
+    }
+
+    /// Removes the entry at `slot`, from [`BlockPool::best_fit`] with no change
+    /// to the pool since.
+    #[inline]
+    pub(crate) fn remove_slot(&mut self, slot: Slot) {
+        let index = &mut self.streams[slot.stream as usize];
+        let bin = &mut index.bins[slot.bin as usize];
+        if slot.at as usize + 1 == bin.len() {
+            bin.pop();
+        } else {
+            bin.remove(slot.at as usize);
+        }
+        if bin.is_empty() {
+            index.unmark(slot.bin as usize);
+        }
+        self.len -= 1;
     }
 
     /// Free blocks of `stream` with size ≥ `size`, best fit first.

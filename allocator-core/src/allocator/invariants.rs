@@ -128,6 +128,13 @@ impl State {
                     "block {:#x} is allocated but unmapped",
                     b.ptr
                 );
+                ensure!(
+                    b.allocated == (b.serial != 0),
+                    "block {:#x}: allocated {} with serial {}",
+                    b.ptr,
+                    b.allocated,
+                    b.serial
+                );
                 // Pool membership.
                 let pool = self.pool(b.pool);
                 if free && b.mapped {

@@ -188,7 +188,17 @@ impl<D: Device> CachingAllocator<D> {
     /// segment; release cached oversize blocks and retry; release every cached
     /// block and retry; else [`Error::OutOfMemory`].
     pub fn malloc(&self, size: usize, stream: StreamId) -> Result<Allocation> {
-        match self.malloc_cached(lock(&self.state), size, stream) {
+        let mut st = lock(&self.state);
+        if plain_request(&st, size) {
+            // The hot path, written out: `malloc_cached` without the moves.
+            let req = st.request(size, stream);
+            if let Some(b) = st.get_free_block(&req) {
+                return Ok(self.found(&mut st, b, &req));
+            }
+            let dev = lock(&self.device);
+            return self.malloc_miss(Guards { st, dev }, &req);
+        }
+        match self.malloc_cached(st, size, stream) {
             Cached::Done(_, r) => r,
             Cached::Miss(g, req) => self.malloc_miss(g, &req),
         }
@@ -542,6 +552,13 @@ impl<D: Device> CachingAllocator<D> {
     }
 }
 
+/// True for a request of a valid size with no stream events pending: the case
+/// where `malloc`'s first step is just the lookup.
+#[inline]
+fn plain_request(st: &State, size: usize) -> bool {
+    size != 0 && size < crate::size::ONE_EXBIBYTE && st.events.is_empty()
+}
+
 /// The live block `a` names in `st` (owned by allocator `owner`), or why not.
 #[inline]
 fn resolve(st: &State, owner: u32, a: &Allocation) -> Result<BlockId> {
@@ -552,8 +569,13 @@ fn resolve(st: &State, owner: u32, a: &Allocation) -> Result<BlockId> {
             this: owner,
         });
     }
+    // Serials are unique and a block carries one only while allocated (0
+    // otherwise), so one compare proves the slot holds this very allocation.
     match st.blocks.try_get(a.block) {
-        Some(b) if b.serial == a.serial && b.allocated && b.ptr == a.ptr => Ok(a.block),
+        Some(b) if b.serial == a.serial => {
+            debug_assert!(b.allocated && b.ptr == a.ptr, "serial {} reused", a.serial);
+            Ok(a.block)
+        }
         _ => Err(Error::InvalidHandle {
             ptr: a.ptr,
             reason: "not a live allocation (already freed?)",
@@ -610,6 +632,35 @@ impl<'a, D: Device> AllocatorBatch<'a, D> {
     /// [`CachingAllocator::malloc`] under the batch's lock.
     #[inline]
     pub fn malloc(&mut self, size: usize, stream: StreamId) -> Result<Allocation> {
+        let alloc = self.alloc;
+        let st = self.state();
+        if plain_request(st, size) {
+            let req = st.request(size, stream);
+            if let Some(b) = st.get_free_block(&req) {
+                return Ok(alloc.found(st, b, &req));
+            }
+            return self.miss(&req);
+        }
+        self.malloc_general(size, stream)
+    }
+
+    /// A miss after the lookup: the slow path with the lock released where
+    /// `malloc` releases it, then the lock taken again.
+    #[cold]
+    fn miss(&mut self, req: &Request) -> Result<Allocation> {
+        let st = match self.st.take() {
+            Some(st) => st,
+            None => lock(&self.alloc.state),
+        };
+        let dev = lock(&self.alloc.device);
+        let r = self.alloc.malloc_miss(Guards { st, dev }, req);
+        self.st = Some(lock(&self.alloc.state));
+        r
+    }
+
+    /// Size errors and pending stream events: `malloc`'s general first step.
+    #[cold]
+    fn malloc_general(&mut self, size: usize, stream: StreamId) -> Result<Allocation> {
         let st = match self.st.take() {
             Some(st) => st,
             None => lock(&self.alloc.state),

@@ -330,46 +330,57 @@ impl State {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
+        let acceptable = |size: usize| {
+            if req.size < max_split {
+                size < max_split // normal requests never take oversize blocks
+            } else {
+                // oversize requests take only blocks < size + 20 MiB (by default)
+                size < req.size.saturating_add(max_non_split)
+            }
+        };
         let pool = self.pool(req.pool);
+        let (first, slot) = pool.best_fit(req.stream, req.size)?;
+        if self.blocks[first.id].expandable.is_none() {
+            // The common case: the best fit itself, removed where it was found.
+            if !acceptable(first.size) {
+                return None;
+            }
+            self.pool_mut(req.pool).remove_slot(slot);
+            return Some(first.id);
+        }
         let mut it = pool.at_least(req.stream, req.size).map(|e| e.id).peekable();
         let mut id = it.next()?;
-        if self.blocks[id].expandable.is_some() {
-            if expandable_active {
-                // Best fit counts the room an expandable block could grow into.
-                let grow = |b: BlockId| {
-                    let blk = &self.blocks[b];
-                    blk.size
-                        + blk.next.map_or(0, |n| {
-                            if self.blocks[n].mapped {
-                                0
-                            } else {
-                                self.blocks[n].size
-                            }
-                        })
-                };
-                while self.blocks[id].expandable.is_some() {
-                    match it.peek() {
-                        Some(&n) if grow(n) < grow(id) => {
-                            id = n;
-                            it.next();
+        if expandable_active {
+            // Best fit counts the room an expandable block could grow into.
+            let grow = |b: BlockId| {
+                let blk = &self.blocks[b];
+                blk.size
+                    + blk.next.map_or(0, |n| {
+                        if self.blocks[n].mapped {
+                            0
+                        } else {
+                            self.blocks[n].size
                         }
-                        _ => break,
+                    })
+            };
+            while self.blocks[id].expandable.is_some() {
+                match it.peek() {
+                    Some(&n) if grow(n) < grow(id) => {
+                        id = n;
+                        it.next();
                     }
+                    _ => break,
                 }
-            } else {
-                // Expandable segments were turned off at run time: skip their blocks.
-                while self.blocks[id].expandable.is_some() {
-                    id = it.next()?;
-                }
+            }
+        } else {
+            // Expandable segments were turned off at run time: skip their blocks.
+            while self.blocks[id].expandable.is_some() {
+                id = it.next()?;
             }
         }
         drop(it);
-        let size = self.blocks[id].size;
-        if req.size < max_split && size >= max_split {
-            return None; // normal requests never take oversize blocks
-        }
-        if req.size >= max_split && size >= req.size.saturating_add(max_non_split) {
-            return None; // oversize requests take only blocks < size + 20 MiB
+        if !acceptable(self.blocks[id].size) {
+            return None;
         }
         self.remove_from_blocks(id);
         Some(id)
@@ -496,6 +507,7 @@ impl State {
     pub(crate) fn free(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
         let b = &mut self.blocks[id];
         b.allocated = false;
+        b.serial = 0;
         b.stream_uses.clear();
         b.event_count = events.len() as u32;
         let (size, small, requested, ptr, stream) =
