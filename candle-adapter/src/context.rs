@@ -292,6 +292,12 @@ impl Inner {
     }
 }
 
+std::thread_local! {
+    /// The thread's current context: the one [`RTensor`]'s constructors
+    /// (`RTensor::new`, `arange`, `zeros`, …) bring their data into.
+    static CURRENT: std::cell::RefCell<Weak<Inner>> = const { std::cell::RefCell::new(Weak::new()) };
+}
+
 /// A rematerialization context: one DTR runtime under a budget. Cheap to clone
 /// (shared); every [`RTensor`] holds its context.
 ///
@@ -347,7 +353,7 @@ impl Remat {
             }
             _ => Runtime::new(dtr).c()?,
         };
-        Ok(Self {
+        let remat = Self {
             inner: Arc::new(Inner {
                 rt: Mutex::new(rt),
                 pending: Mutex::new(Vec::new()),
@@ -358,7 +364,34 @@ impl Remat {
                 configured_threshold,
                 externals: Mutex::new(HashMap::new()),
             }),
-        })
+        };
+        remat.make_current();
+        Ok(remat)
+    }
+
+    /// Make this the thread's current context: [`RTensor`]'s constructors
+    /// (`RTensor::new`, `from_vec`, `arange`, `zeros`, …, candle's `Tensor`
+    /// constructors under the same names) bring their data into it, so model
+    /// code that builds constants with them ports unchanged. [`Remat::new`]
+    /// makes the new context current; call this to switch back to another.
+    pub fn make_current(&self) {
+        CURRENT.with(|c| *c.borrow_mut() = Arc::downgrade(&self.inner));
+    }
+
+    /// The thread's current context (see [`Remat::make_current`]); an error
+    /// when none was created on this thread or it was dropped.
+    pub fn current() -> Result<Remat> {
+        CURRENT
+            .with(|c| c.borrow().upgrade())
+            .map(|inner| Remat { inner })
+            .ok_or_else(|| {
+                Error::unsupported(
+                    "Remat::current",
+                    "no remat context on this thread: create one with Remat::new \
+                     (or make one current with Remat::make_current) before building \
+                     RTensors from data",
+                )
+            })
     }
 
     /// A context without a budget.

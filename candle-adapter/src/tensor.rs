@@ -520,6 +520,20 @@ impl RTensor {
             },
         )
     }
+    /// Sine (candle's backward: `grad · cos x`).
+    pub fn sin(&self) -> Result<RTensor> {
+        op1(self, "sin", false, |x| x.sin(), |x, _, g| g.mul(&x.cos()?))
+    }
+    /// Cosine (candle's backward: `−grad · sin x`).
+    pub fn cos(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "cos",
+            false,
+            |x| x.cos(),
+            |x, _, g| g.mul(&x.sin()?)?.neg(),
+        )
+    }
     /// Hyperbolic tangent.
     pub fn tanh(&self) -> Result<RTensor> {
         op1(
@@ -1191,6 +1205,60 @@ impl RTensor {
     pub fn argmin<T: Dim>(&self, dim: T) -> Result<RTensor> {
         let dim = dim.to_index(self.shape(), "argmin")?;
         self.argmin_keepdim(dim)?.squeeze(dim)
+    }
+
+    // ----- constructors in the thread's current context ---------------------------
+
+    /// candle's `Tensor::new(array, device)`, as an input of the thread's
+    /// current context ([`Remat::current`]: the context created last on this
+    /// thread, or made current with [`Remat::make_current`]).
+    pub fn new<A: candle_core::NdArray>(array: A, device: &Device) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::new(array, device)?)
+    }
+    /// candle's `Tensor::from_vec`, in the current context.
+    pub fn from_vec<S: Into<Shape>, V: WithDType>(
+        data: Vec<V>,
+        shape: S,
+        device: &Device,
+    ) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::from_vec(data, shape, device)?)
+    }
+    /// candle's `Tensor::from_slice`, in the current context.
+    pub fn from_slice<S: Into<Shape>, V: WithDType>(
+        data: &[V],
+        shape: S,
+        device: &Device,
+    ) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::from_slice(data, shape, device)?)
+    }
+    /// candle's `Tensor::arange(start, end, device)`, in the current context.
+    pub fn arange<V: WithDType>(start: V, end: V, device: &Device) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::arange(start, end, device)?)
+    }
+    /// candle's `Tensor::arange_step`, in the current context.
+    pub fn arange_step<V: WithDType>(
+        start: V,
+        end: V,
+        step: V,
+        device: &Device,
+    ) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::arange_step(start, end, step, device)?)
+    }
+    /// candle's `Tensor::zeros`, in the current context.
+    pub fn zeros<S: Into<Shape>>(shape: S, dtype: DType, device: &Device) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::zeros(shape, dtype, device)?)
+    }
+    /// candle's `Tensor::ones`, in the current context.
+    pub fn ones<S: Into<Shape>>(shape: S, dtype: DType, device: &Device) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::ones(shape, dtype, device)?)
+    }
+    /// candle's `Tensor::full`, in the current context.
+    pub fn full<V: WithDType, S: Into<Shape>>(
+        value: V,
+        shape: S,
+        device: &Device,
+    ) -> Result<RTensor> {
+        Remat::current()?.input(&Tensor::full(value, shape, device)?)
     }
 
     // ----- constants in the same context -----------------------------------------

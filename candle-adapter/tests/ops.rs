@@ -229,6 +229,8 @@ fn unary_ops() {
     both("neg", &[a.clone()], &|x| x[0].neg(), &|x| x[0].neg());
     both("abs", &[a.clone()], &|x| x[0].abs(), &|x| x[0].abs());
     both("tanh", &[a.clone()], &|x| x[0].tanh(), &|x| x[0].tanh());
+    both("sin", &[a.clone()], &|x| x[0].sin(), &|x| x[0].sin());
+    both("cos", &[a.clone()], &|x| x[0].cos(), &|x| x[0].cos());
     both("relu", &[a.clone()], &|x| x[0].relu(), &|x| x[0].relu());
     both("gelu", &[a.clone()], &|x| x[0].gelu(), &|x| x[0].gelu());
     both("gelu_erf", &[a.clone()], &|x| x[0].gelu_erf(), &|x| {

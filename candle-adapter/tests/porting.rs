@@ -104,14 +104,14 @@ fn figures_and_settings_come_from_this_crate() {
 fn escaping_to_plain_candle_and_back_keeps_gradients() {
     use candle_core::Var;
     let v = Var::from_tensor(&rand(3, &[4, 5], -1.0, 1.0)).unwrap();
-    // Plain candle: exp, then sin (an op remat-candle does not cover), then sqr.
-    let plain = v.as_tensor().exp().unwrap().sin().unwrap();
+    // Plain candle: exp, then erf (an op remat-candle does not cover), then sqr.
+    let plain = v.as_tensor().exp().unwrap().erf().unwrap();
     let plain_loss = plain.sqr().unwrap().sum_all().unwrap();
     let plain_grad = plain_loss.backward().unwrap();
-    // remat-candle: the same, sin done on an escaped copy and brought back.
+    // remat-candle: the same, erf done on an escaped copy and brought back.
     let remat = Remat::unbounded().unwrap();
     let x = remat.param(&v).unwrap().exp().unwrap();
-    let s = x.to_candle().unwrap().sin().unwrap(); // plain candle, in candle's graph
+    let s = x.to_candle().unwrap().erf().unwrap(); // plain candle, in candle's graph
     let back = remat.input(&s).unwrap(); // an input of the runtime: never evicted
     let loss = back.sqr().unwrap().sum_all().unwrap();
     assert!(x.evict().unwrap()); // the escaped copy does not depend on x's storage
@@ -124,4 +124,50 @@ fn escaping_to_plain_candle_and_back_keeps_gradients() {
         common::bits(grads.get(v.as_tensor()).unwrap()),
         common::bits(plain_grad.get(v.as_tensor()).unwrap())
     );
+}
+
+#[test]
+fn constructors_use_the_threads_current_context() {
+    let first = Remat::unbounded().unwrap();
+    let second = Remat::unbounded().unwrap(); // created last: current
+    let t = RTensor::arange(0f32, 4., &Device::Cpu).unwrap();
+    assert_eq!(t.storage_id().unwrap(), t.storage_id().unwrap());
+    assert_eq!(second.storage_count().unwrap(), 1);
+    assert_eq!(first.storage_count().unwrap(), 0);
+    first.make_current();
+    let u = RTensor::new(&[1f32, 2., 3., 4.], &Device::Cpu).unwrap();
+    assert_eq!(first.storage_count().unwrap(), 1);
+    // Tensors of two contexts do not mix: a typed error, not a silent copy.
+    let e = t.add(&u).unwrap_err();
+    assert!(matches!(
+        e.remat_error(),
+        Some(Error::ContextMismatch { op: "add" })
+    ));
+    let v = RTensor::from_vec(vec![1f32, 2., 3., 4.], (2, 2), &Device::Cpu).unwrap();
+    assert_eq!(
+        (&u.reshape((2, 2)).unwrap() + &v)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap(),
+        [[2., 4.], [6., 8.]]
+    );
+    let z = RTensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(z.dims(), &[2, 3]);
+    // A thread without a context gets a typed error naming the fix.
+    let e = std::thread::spawn(|| RTensor::ones(2, DType::F32, &Device::Cpu).unwrap_err())
+        .join()
+        .unwrap();
+    assert!(
+        matches!(
+            e.remat_error(),
+            Some(Error::Unsupported {
+                op: "Remat::current",
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("Remat::new"), "{e}");
+    drop((t, u, v, z, first, second));
+    assert!(Remat::current().is_err());
 }
