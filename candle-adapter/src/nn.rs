@@ -193,6 +193,10 @@ impl Linear {
     pub fn new(weight: RTensor, bias: Option<RTensor>) -> Self {
         Self { weight, bias }
     }
+    /// The same as [`Linear::new`] (candle-transformers' `with_tracing` name).
+    pub fn from_weights(weight: RTensor, bias: Option<RTensor>) -> Self {
+        Self::new(weight, bias)
+    }
     /// Wrap a candle-nn layer's parameters (shared, not copied).
     pub fn from_candle(remat: &Remat, l: &candle_nn::Linear) -> Result<Self> {
         Ok(Self {
@@ -949,5 +953,42 @@ pub mod rotary_emb {
         let y1 = (x0.broadcast_mul(&sin)? + x1.broadcast_mul(&cos)?)?;
         let rope = RTensor::cat(&[y0, y1], D::Minus1)?;
         rope.flatten_from(D::Minus2)
+    }
+}
+
+/// candle-transformers' `models::with_tracing` layers under their names and
+/// signatures (its models import `linear`, `linear_no_bias`, `Linear`, `RmsNorm`
+/// from there): `RmsNorm::new(size, eps, vb)` builds from a builder, and
+/// `Linear::from_weights` ties a layer to a tensor. No tracing spans.
+pub mod with_tracing {
+    pub use super::{linear, linear_b, linear_no_bias, Linear};
+
+    use super::{Module, VarBuilder};
+    use crate::error::Result;
+    use crate::tensor::RTensor;
+
+    /// RMS normalization built from a builder (`with_tracing::RmsNorm`).
+    #[derive(Debug, Clone)]
+    pub struct RmsNorm {
+        inner: super::RmsNorm,
+    }
+
+    impl RmsNorm {
+        /// candle-nn's `rms_norm(size, eps, vb)`.
+        pub fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+            Ok(Self {
+                inner: super::rms_norm(size, eps, vb)?,
+            })
+        }
+        /// The same as `forward` (candle-nn's name for the differentiable path).
+        pub fn forward_diff(&self, x: &RTensor) -> Result<RTensor> {
+            self.inner.forward(x)
+        }
+    }
+
+    impl Module for RmsNorm {
+        fn forward(&self, x: &RTensor) -> Result<RTensor> {
+            self.inner.forward(x)
+        }
     }
 }

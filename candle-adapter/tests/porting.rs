@@ -171,3 +171,25 @@ fn constructors_use_the_threads_current_context() {
     drop((t, u, v, z, first, second));
     assert!(Remat::current().is_err());
 }
+
+#[test]
+fn with_tracing_layers_match_the_nn_ones() {
+    use remat_candle::nn::with_tracing;
+    let remat = Remat::unbounded().unwrap();
+    let varmap = VarMap::new();
+    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
+    let traced = with_tracing::RmsNorm::new(8, 1e-6, vb.pp("n")).unwrap();
+    let plain = nn::rms_norm(8, 1e-6, vb.pp("n")).unwrap(); // the same variable
+    let x = remat.input(&rand(4, &[3, 8], -1.0, 1.0)).unwrap();
+    assert_eq!(
+        common::bits(&traced.forward(&x).unwrap().to_candle().unwrap()),
+        common::bits(&plain.forward(&x).unwrap().to_candle().unwrap())
+    );
+    let emb = nn::embedding(10, 8, vb.pp("e")).unwrap();
+    let head = with_tracing::Linear::from_weights(emb.embeddings().clone(), None);
+    assert_eq!(
+        head.weight().storage_id().unwrap(),
+        emb.embeddings().storage_id().unwrap()
+    );
+    assert_eq!(head.forward(&x).unwrap().dims(), &[3, 10]);
+}
