@@ -42,6 +42,19 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Porting from candle
+//!
+//! Model code keeps candle's shape: every function returns candle's
+//! [`Result`] (remat's typed [`Error`] rides inside, see [`CandleErrorExt`]);
+//! [`nn`] has candle-nn's layers, `VarBuilder`, `Optimizer`, `ops`,
+//! `rotary_emb` and `loss` under their names and signatures; [`RTensor`] has
+//! candle's ops, constructors and `.i(..)` ([`IndexOp`]). Import
+//! `remat_candle::nn as candle_nn` and `RTensor as Tensor`; the training loop
+//! creates the [`Remat`] context, builds the `VarBuilder` with it and wraps its
+//! inputs with [`Remat::input`]. docs/candle.md maps every name and lists what is
+//! not covered. Tied weights (an output layer over the embedding table) are
+//! bit-identical to plain candle and counted once.
+//!
 //! ## What is and is not rematerializable
 //!
 //! - Outputs of [`RTensor`] ops are; inputs ([`Remat::input`]) and parameters
