@@ -80,7 +80,7 @@ fn plain(steps: usize, batch: usize) -> Result {
         let x = images.narrow(0, first, batch).unwrap();
         let y = labels.narrow(0, first, batch).unwrap();
         let t = Instant::now();
-        let seed = DROPOUT_SEED.wrapping_add(step as u64 * GOLDEN);
+        let seed = DROPOUT_SEED.wrapping_add((step as u64).wrapping_mul(GOLDEN));
         let l = loss_plain(&model, &x, &y, seed);
         let grads = l.backward().unwrap();
         opt.step(&grads).unwrap();

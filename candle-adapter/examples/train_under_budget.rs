@@ -141,7 +141,7 @@ fn train_plain(steps: usize) -> candle_core::Result<Vec<f32>> {
         let x = images.narrow(0, first, BATCH)?;
         let y = labels.narrow(0, first, BATCH)?;
         // The adapter's i-th dropout call uses seed + i * 0x9e3779b97f4a7c15.
-        let seed = 7u64.wrapping_add(step as u64 * 0x9e37_79b9_7f4a_7c15);
+        let seed = 7u64.wrapping_add((step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x, seed)?, &y)?;
         let grads = loss.backward()?;
         losses.push(loss.to_scalar::<f32>()?);
