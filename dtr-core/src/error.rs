@@ -226,6 +226,22 @@ pub enum Error {
     /// A bad `REMAT_DTR_CONF` value.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// An argument outside what the call accepts.
+    #[error("bad `{name}`: {value} (expected {expected})")]
+    InvalidArgument {
+        /// The argument.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// A query that needs a recorded iteration found none.
+    #[error("no recorded iteration: {why}")]
+    NotRecorded {
+        /// Why, and what to call.
+        why: &'static str,
+    },
     /// Broken invariant: a bug in remat-dtr.
     #[error("internal error: {0} (this is a bug)")]
     Internal(String),

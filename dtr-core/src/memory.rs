@@ -160,6 +160,8 @@ pub trait MemoryModel: Send {
 #[derive(Debug, Clone, Default)]
 pub struct LogicalBudget {
     capacity: Option<u64>,
+    /// Each request counts rounded up to a multiple of this (0 or 1: as asked).
+    align: u64,
     live: u64,
     peak: u64,
     next_key: u64,
@@ -173,6 +175,16 @@ impl LogicalBudget {
             ..Self::default()
         }
     }
+
+    /// A budget that counts each request rounded up to a multiple of `align`
+    /// bytes: the bytes a compacting arena with that alignment needs.
+    pub fn aligned(capacity: Option<u64>, align: u64) -> Self {
+        Self {
+            capacity,
+            align,
+            ..Self::default()
+        }
+    }
 }
 
 impl MemoryModel for LogicalBudget {
@@ -180,7 +192,12 @@ impl MemoryModel for LogicalBudget {
         "logical"
     }
 
-    fn allocate(&mut self, bytes: u64) -> Result<Slot, AllocFailure> {
+    fn allocate(&mut self, requested: u64) -> Result<Slot, AllocFailure> {
+        let bytes = if self.align > 1 {
+            requested.div_ceil(self.align) * self.align
+        } else {
+            requested
+        };
         if let Some(cap) = self.capacity {
             if self.live + bytes > cap {
                 return Err(AllocFailure::NoRoom {
@@ -194,7 +211,7 @@ impl MemoryModel for LogicalBudget {
         Ok(Slot {
             ptr: 0,
             size: bytes,
-            requested: bytes,
+            requested,
             key: self.next_key,
         })
     }

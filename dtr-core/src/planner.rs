@@ -92,6 +92,10 @@ enum Placement {
     /// Under a logical budget (no addresses), placed afterwards by the static
     /// planner; fits only if the planner's arena is within the budget.
     Logical(u64),
+    /// Under a logical budget counting each request rounded to the arena's
+    /// alignment: what an online run in a compacting arena can hold (the
+    /// physical floor, [`min_feasible_budget`]). Never a plan.
+    Compacting(u64),
 }
 
 /// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is what
@@ -165,6 +169,88 @@ pub(crate) fn plan_iteration(
         }))
 }
 
+/// The smallest budget under which some portfolio entry replays `rec` at a
+/// cost of at most `max_overhead` times its first computations, found by
+/// bisection (to 512 B under a physical budget, where the arena rounds to
+/// that, and to 1 B under a logical one). Physical budgets are simulated as a
+/// compacting arena (each request rounded to 512 B, no fragmentation): the
+/// floor the online runtime reaches once it falls back to one. A plan at that
+/// budget must also be placed without moving blocks, so a planned step may
+/// need a little more. The answer is always a budget that was simulated feasible; bisection
+/// assumes feasibility grows with the budget, so where it does not, a smaller
+/// feasible budget may exist. `Ok(None)`: not even a budget that holds every
+/// allocation of the iteration at once replays it.
+pub(crate) fn min_feasible_budget(
+    rec: &Recording,
+    config: &DtrConfig,
+    max_overhead: f64,
+) -> Result<Option<u64>> {
+    let future = Arc::new(future_of(rec));
+    let limit_ns = max_overhead * rec.compute_ns() as f64;
+    let physical = config.budget_mode == BudgetMode::Physical;
+    let step = if physical { ARENA_ALIGN } else { 1 };
+    let feasible = |b: u64| -> Result<bool> {
+        let how = if physical {
+            Placement::Compacting(b)
+        } else {
+            Placement::Logical(b)
+        };
+        let config = config.clone().with_budget(b);
+        for (_, entry) in PORTFOLIO {
+            // The limit stops a simulation before a replay that starts past it;
+            // the total is checked here.
+            let sim = simulate(rec, &config, entry, how, b, limit_ns, &future)?;
+            if sim.is_some_and(|s| s.total_ns <= limit_ns * (1.0 + 1e-9)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    // Every byte the iteration starts with or allocates, each rounded: nothing
+    // needs evicting there (in-place ops may copy on write: doubled if short).
+    let mut hi: u64 = rec
+        .start
+        .storages
+        .iter()
+        .map(|&b| arena_size(b))
+        .sum::<u64>()
+        + step;
+    for e in &rec.events {
+        hi += match e {
+            Event::Put { bytes } => arena_size(*bytes),
+            Event::Apply { outputs, .. } => outputs
+                .iter()
+                .map(|o| match o {
+                    OutputSpec::Fresh { bytes } => arena_size(*bytes),
+                    OutputSpec::View { .. } => 0,
+                })
+                .sum(),
+            _ => 0,
+        };
+    }
+    let mut tries = 0;
+    while !feasible(hi)? {
+        tries += 1;
+        if tries > 4 {
+            return Ok(None);
+        }
+        hi = hi.saturating_mul(2);
+    }
+    let mut lo = 0u64; // taken as infeasible
+    while hi - lo > step {
+        let mid = (lo + (hi - lo) / 2).div_ceil(step) * step;
+        if mid >= hi {
+            break;
+        }
+        if feasible(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
+}
+
 /// What one placement attempt found.
 enum Outcome {
     /// The simulation failed (impossible budget or over the cost limit).
@@ -223,7 +309,9 @@ impl Planner<'_> {
             }
             // Logical budgets count bytes as requested: the simulation's own
             // peak is what must fit.
-            Placement::Logical(b) => (vec![0; sim.requests.len()], sim.peak, b, "logical"),
+            Placement::Logical(b) | Placement::Compacting(b) => {
+                (vec![0; sim.requests.len()], sim.peak, b, "logical")
+            }
         };
         tracing::debug!(target: "remat_dtr::plan", entry = name, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
         if arena > self.budget {
@@ -412,7 +500,7 @@ fn simulate(
 ) -> Result<Option<Simulation>> {
     let (budget, mode) = match how {
         Placement::Arena => (capacity, BudgetMode::Physical),
-        Placement::Logical(b) => (b, BudgetMode::Logical),
+        Placement::Logical(b) | Placement::Compacting(b) => (b, BudgetMode::Logical),
     };
     let (kind, sampling) = match entry {
         Entry::Online(kind, sampling) => (kind, sampling),
@@ -436,6 +524,7 @@ fn simulate(
     let inner: Box<dyn MemoryModel> = match how {
         Placement::Arena => Box::new(ArenaMemory::new(budget, 0)),
         Placement::Logical(b) => Box::new(LogicalBudget::new(Some(b))),
+        Placement::Compacting(b) => Box::new(LogicalBudget::aligned(Some(b), ARENA_ALIGN)),
     };
     let memory = LoggedMemory {
         inner,

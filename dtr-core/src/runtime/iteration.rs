@@ -66,6 +66,12 @@ pub(crate) struct IterationState {
     pub enabled: bool,
     /// The current iteration's recording (`None`: not recording).
     pub recording: Option<Recording>,
+    /// Record every iteration, also without a budget
+    /// ([`Runtime::record_iterations`]).
+    pub record_always: bool,
+    /// The last iteration recorded whole (no failed call), for
+    /// [`Runtime::min_feasible_budget`].
+    pub last_recording: Option<Arc<Recording>>,
     /// Names of the live tensors, while recording or following a plan.
     pub refs: AHashMap<TensorId, Ref>,
     /// Tensors created this iteration.
@@ -117,6 +123,49 @@ impl<V> Runtime<V> {
             self.iter.recording = Some(Recording::default());
         }
         self
+    }
+
+    /// Record every iteration from the next boundary on (from now if nothing
+    /// has run yet), also without a budget, so that
+    /// [`Runtime::min_feasible_budget`] can answer for a run that measures a
+    /// model unbudgeted. With a budget and plan-ahead on, iterations are
+    /// recorded anyway.
+    pub fn record_iterations(&mut self) {
+        self.iter.record_always = true;
+        if self.iter.recording.is_none() && self.iter.epoch == 0 && self.iter.pos == 0 {
+            self.iter.recording = Some(Recording::default());
+        }
+    }
+
+    /// The smallest budget (in this runtime's budget mode) under which the last
+    /// recorded iteration replays at a cost of at most `max_overhead` times its
+    /// first computations (1.0: no replay at all; the replayer's thrash limit is
+    /// 2.0). Answered offline, by bisection over simulations of the recording
+    /// with plan-ahead's portfolio of policies: a budget a plan can be made for.
+    /// The first, online step at that budget may cost more.
+    ///
+    /// Errors: `max_overhead` not a number ≥ 1 ([`Error::InvalidArgument`]); no iteration
+    /// recorded whole yet ([`Error::NotRecorded`]: call
+    /// [`Runtime::record_iterations`] without a budget, then
+    /// [`Runtime::end_iteration`] after a step).
+    pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
+        if !(max_overhead.is_finite() && max_overhead >= 1.0) {
+            return Err(Error::InvalidArgument {
+                name: "max_overhead",
+                value: max_overhead.to_string(),
+                expected: "a finite number ≥ 1.0",
+            });
+        }
+        let rec = self.iter.last_recording.as_ref().ok_or_else(|| Error::NotRecorded {
+            why: if self.iter.recording.is_some() {
+                "no iteration has ended since recording started (call end_iteration after a step)"
+            } else {
+                "iterations are not recorded (set a budget with plan_ahead on, or call record_iterations)"
+            },
+        })?;
+        crate::planner::min_feasible_budget(rec, &self.config, max_overhead)?.ok_or_else(|| {
+            Error::Internal("the recorded iteration does not replay under any budget".into())
+        })
     }
 
     fn tracking(&self) -> bool {
@@ -367,7 +416,12 @@ impl<V> Runtime<V> {
         }
         self.iter.epoch += 1;
         let (boundary, residents, live) = self.boundary();
-        let recorded = self.iter.recording.take();
+        let recorded = self.iter.recording.take().map(Arc::new);
+        if let Some(rec) = recorded.as_ref() {
+            if !self.iter.broken && !rec.events.is_empty() {
+                self.iter.last_recording = Some(rec.clone());
+            }
+        }
         let previous = self.iter.plan.take();
         let mut next = None;
         report.planning = match recorded {
@@ -414,7 +468,7 @@ impl<V> Runtime<V> {
         self.iter.divergences = 0;
         self.iter.start_stats = self.stats.clone();
         self.stats.iterations += 1;
-        if self.iter.enabled {
+        if self.iter.enabled || self.iter.record_always {
             self.iter.recording = Some(Recording {
                 start: boundary,
                 ..Recording::default()
