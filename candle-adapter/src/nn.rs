@@ -614,32 +614,29 @@ pub fn embedding(n: usize, hidden: usize, vb: VarBuilder) -> Result<Embedding> {
     })
 }
 
-/// Activations (candle-nn's `Activation` subset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `max(x, 0)`.
-    Relu,
-    /// GELU, tanh approximation.
-    Gelu,
-    /// GELU, erf.
-    GeluErf,
-    /// SiLU.
-    Silu,
-    /// tanh.
-    Tanh,
-    /// Logistic sigmoid.
-    Sigmoid,
-}
+/// candle-nn's `Activation` itself (so configs that deserialize it, such as
+/// candle-transformers' `hidden_act`, work unchanged), applied to [`RTensor`]s
+/// with candle-nn's formula for every variant: `Gelu` is the erf GELU,
+/// `NewGelu` and `GeluPytorchTanh` the tanh approximation.
+pub use candle_nn::Activation;
 
 impl Module for Activation {
-    fn forward(&self, x: &RTensor) -> Result<RTensor> {
-        match self {
-            Activation::Relu => x.relu(),
-            Activation::Gelu => x.gelu(),
-            Activation::GeluErf => x.gelu_erf(),
-            Activation::Silu => x.silu(),
-            Activation::Tanh => x.tanh(),
-            Activation::Sigmoid => x.sigmoid(),
+    fn forward(&self, xs: &RTensor) -> Result<RTensor> {
+        match *self {
+            Activation::Gelu => xs.gelu_erf(),
+            Activation::NewGelu | Activation::GeluPytorchTanh => xs.gelu(),
+            Activation::Relu => xs.relu(),
+            Activation::Relu2 => xs.relu()?.sqr(),
+            Activation::Relu6 => xs.clamp(0., 6.),
+            Activation::Silu => xs.silu(),
+            Activation::Sigmoid => xs.sigmoid(),
+            Activation::HardSigmoid => ops::hard_sigmoid(xs),
+            Activation::Swiglu => ops::swiglu(xs),
+            Activation::Swish => xs * xs.sigmoid()?,
+            Activation::HardSwish => xs * ops::hard_sigmoid(xs)?,
+            Activation::Mish => ops::mish(xs),
+            Activation::Elu(alpha) => xs.elu(alpha),
+            Activation::LeakyRelu(slope) => ops::leaky_relu(xs, slope),
         }
     }
 }
@@ -845,6 +842,14 @@ pub mod ops {
     /// Dropout with probability `p` (a recorded seed, see [`RTensor::dropout`]).
     pub fn dropout(xs: &RTensor, p: f32) -> Result<RTensor> {
         xs.dropout(p)
+    }
+    /// candle-nn's `hard_sigmoid`: `clamp((x + 3) / 6, 0, 1)`.
+    pub fn hard_sigmoid(xs: &RTensor) -> Result<RTensor> {
+        ((xs + 3.0)? / 6.0)?.clamp(0., 1.)
+    }
+    /// candle-nn's `mish`: `x · tanh(ln(1 + eˣ))`.
+    pub fn mish(xs: &RTensor) -> Result<RTensor> {
+        xs * (1.0 + xs.exp()?)?.log()?.tanh()?
     }
     /// candle-nn's `leaky_relu`: `max(x, 0) + min(x, 0) · slope`.
     pub fn leaky_relu(xs: &RTensor, negative_slope: f64) -> Result<RTensor> {

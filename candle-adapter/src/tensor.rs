@@ -617,6 +617,24 @@ impl RTensor {
             g.mul(&d_dx_sigmoid)
         })
     }
+    /// ELU: `x` for `x > 0`, `alpha · (eˣ − 1)` otherwise (candle's op and backward).
+    pub fn elu(&self, alpha: f64) -> Result<RTensor> {
+        op1(
+            self,
+            "elu",
+            true,
+            move |x| x.elu(alpha),
+            move |arg, o, grad| {
+                let node = out_of(o)?;
+                let zeros = arg.zeros_like()?;
+                let positive_mask = arg.gt(&zeros)?.to_dtype(arg.dtype())?;
+                let negative_mask = arg.le(&zeros)?.to_dtype(arg.dtype())?;
+                let negative_exp_mask = (negative_mask * (node + alpha)?)?;
+                let combined_mask = (positive_mask + negative_exp_mask)?;
+                grad * combined_mask
+            },
+        )
+    }
     /// `x^e`.
     pub fn powf(&self, e: f64) -> Result<RTensor> {
         op1(

@@ -686,3 +686,38 @@ fn nn_ops_and_rotary_embeddings() {
         &|x| rotary_emb::rope_i(&x[0], &x[1], &x[2]),
     );
 }
+
+#[test]
+fn activations_match_candle_nn() {
+    use candle_nn::Activation;
+    both("elu", &[m(&[4, 6], 150)], &|x| x[0].elu(0.7), &|x| {
+        x[0].elu(0.7)
+    });
+    let all = [
+        Activation::Gelu,
+        Activation::NewGelu,
+        Activation::Relu,
+        Activation::Relu2,
+        Activation::Relu6,
+        Activation::Silu,
+        Activation::Sigmoid,
+        Activation::HardSigmoid,
+        Activation::Swiglu,
+        Activation::Swish,
+        Activation::Mish,
+        Activation::HardSwish,
+        Activation::Elu(0.5),
+        Activation::LeakyRelu(0.1),
+        Activation::GeluPytorchTanh,
+    ];
+    for act in all {
+        // Values past 6 and -3..3 so Relu6 and HardSigmoid clamp on both sides.
+        let x = rand(151, &[4, 6], -8.0, 8.0);
+        both(
+            &format!("{act:?}"),
+            &[x],
+            &move |x| candle_nn::Module::forward(&act, &x[0]),
+            &move |x| remat_candle::nn::Module::forward(&act, &x[0]),
+        );
+    }
+}
