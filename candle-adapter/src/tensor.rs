@@ -417,6 +417,45 @@ impl RTensor {
     pub fn broadcast_left<S: Into<Shape>>(&self, left: S) -> Result<RTensor> {
         self.view(|t| t.broadcast_left(left))
     }
+    fn flatten_dims(&self, start: Option<usize>, end: Option<usize>) -> Result<RTensor> {
+        if self.rank() == 0 {
+            return self.reshape(1);
+        }
+        let start = start.unwrap_or(0);
+        let end = end.unwrap_or(self.rank() - 1);
+        if start >= end {
+            return Ok(self.clone());
+        }
+        let dims = self.dims();
+        let mut dst = dims[..start].to_vec();
+        dst.push(dims[start..end + 1].iter().product::<usize>());
+        dst.extend(&dims[end + 1..]);
+        self.reshape(dst)
+    }
+    /// Flatten dimensions `start..=end` into one (candle's `flatten`).
+    pub fn flatten<D1: Dim, D2: Dim>(&self, start: D1, end: D2) -> Result<RTensor> {
+        let s = start.to_index(self.shape(), "flatten")?;
+        let e = end.to_index(self.shape(), "flatten")?;
+        self.flatten_dims(Some(s), Some(e))
+    }
+    /// Flatten dimensions `0..=end` into one (candle's `flatten_to`).
+    pub fn flatten_to<D: Dim>(&self, end: D) -> Result<RTensor> {
+        let e = end.to_index(self.shape(), "flatten")?;
+        self.flatten_dims(None, Some(e))
+    }
+    /// The sub-tensor at index `i` of dimension 0 (view; candle's `get`).
+    pub fn get(&self, i: usize) -> Result<RTensor> {
+        let dims = self.dims().to_vec();
+        if dims.is_empty() {
+            return Ok(self.clone());
+        }
+        self.narrow(0, i, 1)?.reshape(&dims[1..])
+    }
+    /// The sub-tensor at `index` of dimension `dim` (view; candle's `get_on_dim`).
+    pub fn get_on_dim<D: Dim>(&self, dim: D, index: usize) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "get_on_dim")?;
+        self.narrow(dim, index, 1)?.squeeze(dim)
+    }
     /// Flatten everything into one dimension.
     pub fn flatten_all(&self) -> Result<RTensor> {
         self.contiguous()?.view(|t| t.flatten_all())

@@ -391,6 +391,28 @@ fn views_and_cat() {
         &|x| x[0].unsqueeze(0)?.squeeze(0)?.tanh(),
         &|x| x[0].unsqueeze(0)?.squeeze(0)?.tanh(),
     );
+    let c = m(&[2, 3, 4], 52);
+    both(
+        "flatten(1, 2)",
+        &[c.clone()],
+        &|x| x[0].flatten(1, 2)?.exp(),
+        &|x| x[0].flatten(1, 2)?.exp(),
+    );
+    both(
+        "flatten_to of a transpose (copy)",
+        &[c.clone()],
+        &|x| x[0].transpose(0, 2)?.flatten_to(1)?.exp(),
+        &|x| x[0].transpose(0, 2)?.flatten_to(1)?.exp(),
+    );
+    both("get", &[c.clone()], &|x| x[0].get(1)?.sqr(), &|x| {
+        x[0].get(1)?.sqr()
+    });
+    both(
+        "get_on_dim",
+        &[c],
+        &|x| x[0].get_on_dim(2, 3)?.tanh(),
+        &|x| x[0].get_on_dim(2, 3)?.tanh(),
+    );
     both(
         "cat 2",
         &[a.clone(), m(&[4, 2], 51)],
