@@ -1,11 +1,13 @@
 //! Allocator benchmarks (criterion).
 //!
 //! - `hot_path`: malloc+free of a cached block (large pool, exact fit; small pool,
-//!   split and merge), `adjacent_free_size`, and the new-segment path.
+//!   split and merge), `adjacent_free_size`, each through the locking API and
+//!   inside one `CachingAllocator::batch`, and the new-segment path.
 //! - `trace_replay`: remat-alloc vs the `offset-allocator` crate (O(1) TLSF-style)
 //!   replaying the same alloc/free sequence: the storage lifetimes of the DTR
-//!   paper's traces. Throughput is set in ops, so criterion reports ops/s; the
-//!   table in docs/benchmarks.md gives ns/op and the ratio.
+//!   paper's traces, through the locking API (`remat-alloc`) and through one batch
+//!   (`remat-alloc-batch`). Throughput is set in ops, so criterion reports ops/s;
+//!   the table in docs/benchmarks.md gives ns/op and the ratio.
 //!
 //! Run: `cargo bench --bench allocator` (traces from `REMAT_TRACES_DIR`, default
 //! `../shared/traces/dtr-paper`; the trace group is skipped with a message when
@@ -16,7 +18,7 @@ use remat::alloc_replay::{replay, UNBOUNDED_CAPACITY};
 use remat_alloc::{Allocation, AllocatorConfig, CachingAllocator, SimulatedDevice, StreamId};
 use remat_trace::{storage_events, trace_files, StorageEvent, Trace};
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const S: StreamId = StreamId::DEFAULT;
 
@@ -53,6 +55,19 @@ fn hot_path(c: &mut Criterion) {
             b.iter(|| black_box(v.adjacent_free_size(black_box(&mid)).unwrap()))
         });
     });
+    // The same three through one batch: the lock taken once for all iterations.
+    {
+        let mut batch = a.batch();
+        g.bench_function("malloc_free_cached_small_split_merge_in_batch", |b| {
+            b.iter(|| {
+                let x = batch.malloc(black_box(4096), S).unwrap();
+                batch.free(black_box(x)).unwrap();
+            })
+        });
+        g.bench_function("adjacent_free_size_in_batch", |b| {
+            b.iter(|| black_box(batch.adjacent_free_size(black_box(&mid)).unwrap()))
+        });
+    }
     g.bench_function("new_segment_malloc_free_release", |b| {
         b.iter(|| {
             let x = a.malloc(black_box(64 << 20), S).unwrap();
@@ -62,6 +77,54 @@ fn hot_path(c: &mut Criterion) {
     });
     a.free(mid).unwrap();
     a.free(keep).unwrap();
+    // The malloc alone of a new 64 MiB segment on an empty cache: timed in runs of
+    // 64 mallocs; the frees and the `empty_cache` between runs are not timed.
+    let fresh = CachingAllocator::new(
+        SimulatedDevice::new(UNBOUNDED_CAPACITY),
+        AllocatorConfig::default(),
+    )
+    .unwrap();
+    let mut held = Vec::with_capacity(64);
+    g.bench_function("new_segment_malloc", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(64);
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    held.push(fresh.malloc(black_box(64 << 20), S).unwrap());
+                }
+                total += t0.elapsed();
+                for x in held.drain(..) {
+                    fresh.free(x).unwrap();
+                }
+                fresh.empty_cache().unwrap();
+                left -= n;
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+/// Malloc+free of a cached 20 MiB block (exact fit) inside one batch, in an
+/// allocator of its own whose cache holds just that block, as
+/// `malloc_free_cached_large_exact` has it.
+fn large_exact_in_batch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hot_path");
+    g.throughput(Throughput::Elements(1));
+    let a =
+        CachingAllocator::new(SimulatedDevice::new(1 << 30), AllocatorConfig::default()).unwrap();
+    let x = a.malloc(20 << 20, S).unwrap();
+    a.free(x).unwrap();
+    let mut batch = a.batch();
+    g.bench_function("malloc_free_cached_large_exact_in_batch", |b| {
+        b.iter(|| {
+            let x = batch.malloc(black_box(20 << 20), S).unwrap();
+            batch.free(black_box(x)).unwrap();
+        })
+    });
     g.finish();
 }
 
@@ -81,6 +144,32 @@ fn replay_remat(
             StorageEvent::Free { storage, .. } => {
                 if let Some(x) = live[storage].take() {
                     a.free(x).unwrap();
+                    ops += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    ops
+}
+
+/// Replays `events` through one batch of remat-alloc; returns the number of ops.
+fn replay_remat_batch(
+    a: &CachingAllocator<SimulatedDevice>,
+    events: &[StorageEvent],
+    live: &mut [Option<Allocation>],
+) -> usize {
+    let mut g = a.batch();
+    let mut ops = 0;
+    for e in events {
+        match *e {
+            StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
+                live[storage] = Some(g.malloc(bytes as usize, S).unwrap());
+                ops += 1;
+            }
+            StorageEvent::Free { storage, .. } => {
+                if let Some(x) = live[storage].take() {
+                    g.free(x).unwrap();
                     ops += 1;
                 }
             }
@@ -170,6 +259,22 @@ fn trace_replay(c: &mut Criterion) {
                 BatchSize::LargeInput,
             )
         });
+        g.bench_function(format!("{}/remat-alloc-batch", trace.name), |b| {
+            b.iter_batched(
+                || {
+                    (
+                        CachingAllocator::new(
+                            SimulatedDevice::new(UNBOUNDED_CAPACITY),
+                            AllocatorConfig::default(),
+                        )
+                        .unwrap(),
+                        vec![None; storages],
+                    )
+                },
+                |(a, mut live)| black_box(replay_remat_batch(&a, &events, &mut live)),
+                BatchSize::LargeInput,
+            )
+        });
         let arena = total_units.min(u64::from(u32::MAX) - 1) as u32;
         g.bench_function(format!("{}/offset-allocator", trace.name), |b| {
             b.iter_batched(
@@ -187,5 +292,5 @@ fn trace_replay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hot_path, trace_replay);
+criterion_group!(benches, hot_path, large_exact_in_batch, trace_replay);
 criterion_main!(benches);
