@@ -9,7 +9,8 @@ use candle_core::{DType, Tensor, D};
 /// candle-nn's configuration structs, initializers, optimizers and variable
 /// map, taken where candle-nn takes them.
 pub use candle_nn::{
-    init, AdamW, BatchNormConfig, Conv2dConfig, Init, LayerNormConfig, ParamsAdamW, VarMap, SGD,
+    init, AdamW, BatchNormConfig, Conv1dConfig, Conv2dConfig, Init, LayerNormConfig, ParamsAdamW,
+    VarMap, SGD,
 };
 
 use crate::context::Remat;
@@ -275,43 +276,33 @@ pub fn linear_no_bias(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<L
     )
 }
 
-/// A 2D convolution (candle-nn's `Conv2d`, `groups` = 1).
+/// A 1D convolution (candle-nn's `Conv1d`, any `groups`).
 #[derive(Debug, Clone)]
-pub struct Conv2d {
+pub struct Conv1d {
     weight: RTensor,
     bias: Option<RTensor>,
-    padding: usize,
-    stride: usize,
-    dilation: usize,
+    config: Conv1dConfig,
 }
 
-impl Conv2d {
-    /// A layer over `weight: (c_out, c_in, kh, kw)`, an optional `bias: (c_out,)`
-    /// and candle-nn's config (candle-nn's `Conv2d::new`; `groups` must be 1).
-    pub fn new(weight: RTensor, bias: Option<RTensor>, cfg: Conv2dConfig) -> Result<Self> {
-        if cfg.groups != 1 {
-            return Err(Error::unsupported(
-                "conv2d",
-                format!("groups = {} (only 1 is supported)", cfg.groups),
-            ));
-        }
-        Ok(Self {
+impl Conv1d {
+    /// A layer over `weight: (c_out, c_in / groups, k)`, an optional
+    /// `bias: (c_out,)` and candle-nn's config (candle-nn's `Conv1d::new`).
+    pub fn new(weight: RTensor, bias: Option<RTensor>, config: Conv1dConfig) -> Self {
+        Self {
             weight,
             bias,
-            padding: cfg.padding,
-            stride: cfg.stride,
-            dilation: cfg.dilation,
-        })
+            config,
+        }
     }
     /// Wrap a candle-nn layer's parameters (shared, not copied).
-    pub fn from_candle(remat: &Remat, c: &candle_nn::Conv2d) -> Result<Self> {
-        Self::new(
+    pub fn from_candle(remat: &Remat, c: &candle_nn::Conv1d) -> Result<Self> {
+        Ok(Self::new(
             remat.input(c.weight())?,
             c.bias().map(|b| remat.input(b)).transpose()?,
             *c.config(),
-        )
+        ))
     }
-    /// The kernel, `(c_out, c_in, kh, kw)`.
+    /// The kernel, `(c_out, c_in / groups, k)`.
     pub fn weight(&self) -> &RTensor {
         &self.weight
     }
@@ -319,15 +310,115 @@ impl Conv2d {
     pub fn bias(&self) -> Option<&RTensor> {
         self.bias.as_ref()
     }
+    /// The configuration.
+    pub fn config(&self) -> &Conv1dConfig {
+        &self.config
+    }
+}
+
+impl Module for Conv1d {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        let c = &self.config;
+        let x = x.conv1d(&self.weight, c.padding, c.stride, c.dilation, c.groups)?;
+        match &self.bias {
+            None => Ok(x),
+            Some(bias) => {
+                let b = bias.dims1()?;
+                let bias = bias.reshape((1, b, 1))?;
+                x.broadcast_add(&bias)
+            }
+        }
+    }
+}
+
+/// candle-nn's `conv1d` over `vb`.
+pub fn conv1d(
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    cfg: Conv1dConfig,
+    vb: VarBuilder,
+) -> Result<Conv1d> {
+    Conv1d::from_candle(
+        vb.remat(),
+        &candle_nn::conv1d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            cfg,
+            vb.inner.clone(),
+        )?,
+    )
+}
+
+/// candle-nn's `conv1d_no_bias` over `vb`.
+pub fn conv1d_no_bias(
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    cfg: Conv1dConfig,
+    vb: VarBuilder,
+) -> Result<Conv1d> {
+    Conv1d::from_candle(
+        vb.remat(),
+        &candle_nn::conv1d_no_bias(
+            in_channels,
+            out_channels,
+            kernel_size,
+            cfg,
+            vb.inner.clone(),
+        )?,
+    )
+}
+
+/// A 2D convolution (candle-nn's `Conv2d`, any `groups`).
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    weight: RTensor,
+    bias: Option<RTensor>,
+    config: Conv2dConfig,
+}
+
+impl Conv2d {
+    /// A layer over `weight: (c_out, c_in / groups, kh, kw)`, an optional
+    /// `bias: (c_out,)` and candle-nn's config (candle-nn's `Conv2d::new`).
+    pub fn new(weight: RTensor, bias: Option<RTensor>, config: Conv2dConfig) -> Self {
+        Self {
+            weight,
+            bias,
+            config,
+        }
+    }
+    /// Wrap a candle-nn layer's parameters (shared, not copied).
+    pub fn from_candle(remat: &Remat, c: &candle_nn::Conv2d) -> Result<Self> {
+        Ok(Self::new(
+            remat.input(c.weight())?,
+            c.bias().map(|b| remat.input(b)).transpose()?,
+            *c.config(),
+        ))
+    }
+    /// The kernel, `(c_out, c_in / groups, kh, kw)`.
+    pub fn weight(&self) -> &RTensor {
+        &self.weight
+    }
+    /// The bias, `(c_out,)`.
+    pub fn bias(&self) -> Option<&RTensor> {
+        self.bias.as_ref()
+    }
+    /// The configuration.
+    pub fn config(&self) -> &Conv2dConfig {
+        &self.config
+    }
 }
 
 impl Module for Conv2d {
     fn forward(&self, x: &RTensor) -> Result<RTensor> {
-        let x = x.conv2d(&self.weight, self.padding, self.stride, self.dilation)?;
+        let c = &self.config;
+        let x = x.conv2d(&self.weight, c.padding, c.stride, c.dilation, c.groups)?;
         match &self.bias {
             None => Ok(x),
             Some(bias) => {
-                let b = bias.dims()[0];
+                let b = bias.dims1()?;
                 let bias = bias.reshape((1, b, 1, 1))?;
                 x.broadcast_add(&bias)
             }

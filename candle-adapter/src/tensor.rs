@@ -12,7 +12,7 @@ use std::sync::Arc;
 use candle_core::backprop::GradStore;
 use candle_core::op::CmpOp;
 use candle_core::shape::{Dim, Dims};
-use candle_core::{DType, Device, Shape, Tensor, WithDType, D};
+use candle_core::{DType, Device, Shape, Tensor, ToUsize2, WithDType, D};
 use remat_dtr::{StorageId, TensorId};
 
 use crate::context::{Inner, Remat};
@@ -902,8 +902,46 @@ impl RTensor {
             (false, false) => self.matmul(rhs),
         }
     }
-    /// 1D convolution (`groups` = 1), input `(b, c_in, l)`, kernel `(c_out, c_in, k)`.
+    /// Checks candle makes before a grouped convolution, as a typed error.
+    fn check_groups(&self, op: &'static str, kernel: &RTensor, groups: usize) -> Result<()> {
+        let c_in = self.dim(1)?;
+        let (c_out, c_in_k) = (kernel.dim(0)?, kernel.dim(1)?);
+        if groups == 0 || c_in != c_in_k * groups || c_out % groups != 0 {
+            return Err(Error::unsupported(
+                op,
+                format!(
+                    "{groups} groups for {c_in} input channels and a kernel of shape {:?}",
+                    kernel.dims()
+                ),
+            ));
+        }
+        Ok(())
+    }
+    /// 1D convolution, input `(b, c_in, l)`, kernel `(c_out, c_in / groups, k)`.
+    /// With `groups > 1` it is candle's composition: the input and the kernel
+    /// chunked per group, one convolution each, concatenated.
     pub fn conv1d(
+        &self,
+        kernel: &RTensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> Result<RTensor> {
+        self.check_groups("conv1d", kernel, groups)?;
+        if groups == 1 {
+            return self.conv1d_single(kernel, padding, stride, dilation);
+        }
+        let blocks = self.chunk(groups, 1)?;
+        let kernels = kernel.chunk(groups, 0)?;
+        let outs = blocks
+            .iter()
+            .zip(&kernels)
+            .map(|(b, k)| b.conv1d_single(k, padding, stride, dilation))
+            .collect::<Result<Vec<_>>>()?;
+        Self::cat(&outs, 1)
+    }
+    fn conv1d_single(
         &self,
         kernel: &RTensor,
         padding: usize,
@@ -938,9 +976,30 @@ impl RTensor {
             false,
         )
     }
-    /// 2D convolution (`groups` = 1), input `(b, c_in, h, w)`, kernel
-    /// `(c_out, c_in, kh, kw)`.
+    /// 2D convolution, input `(b, c_in, h, w)`, kernel
+    /// `(c_out, c_in / groups, kh, kw)`; `groups > 1` as for [`RTensor::conv1d`].
     pub fn conv2d(
+        &self,
+        kernel: &RTensor,
+        padding: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> Result<RTensor> {
+        self.check_groups("conv2d", kernel, groups)?;
+        if groups == 1 {
+            return self.conv2d_single(kernel, padding, stride, dilation);
+        }
+        let blocks = self.chunk(groups, 1)?;
+        let kernels = kernel.chunk(groups, 0)?;
+        let outs = blocks
+            .iter()
+            .zip(&kernels)
+            .map(|(b, k)| b.conv2d_single(k, padding, stride, dilation))
+            .collect::<Result<Vec<_>>>()?;
+        Self::cat(&outs, 1)
+    }
+    fn conv2d_single(
         &self,
         kernel: &RTensor,
         padding: usize,
@@ -976,34 +1035,65 @@ impl RTensor {
         )
     }
     /// 2D max pooling with stride = kernel size.
-    pub fn max_pool2d(&self, k: usize) -> Result<RTensor> {
+    pub fn max_pool2d<T: ToUsize2>(&self, sz: T) -> Result<RTensor> {
+        let sz = sz.to_usize2();
+        self.max_pool2d_with_stride(sz, sz)
+    }
+    /// 2D max pooling; its gradient is candle's, which needs stride = kernel
+    /// size (otherwise `backward()` fails with candle's error, as in candle).
+    pub fn max_pool2d_with_stride<T: ToUsize2>(&self, kernel: T, stride: T) -> Result<RTensor> {
+        let (kernel, stride) = (kernel.to_usize2(), stride.to_usize2());
         op1(
             self,
             "max-pool2d",
             true,
-            move |x| x.max_pool2d(k),
+            move |x| x.max_pool2d_with_stride(kernel, stride),
             move |arg, o, grad| {
+                if kernel != stride {
+                    candle_core::bail!(
+                        "backward not supported for maxpool2d if ksize {kernel:?} != stride {stride:?}"
+                    )
+                }
                 let node = out_of(o)?;
                 let (_n, _c, h, w) = arg.dims4()?;
                 let node_upsampled = node.upsample_nearest2d(h, w)?;
                 let mask = arg.eq(&node_upsampled)?.to_dtype(arg.dtype())?;
-                let avg = mask.avg_pool2d_with_stride((k, k), (k, k))?;
+                let avg = mask.avg_pool2d_with_stride(kernel, stride)?;
                 (grad * avg)?.upsample_nearest2d(h, w)? * mask
             },
         )
     }
     /// 2D average pooling with stride = kernel size.
-    pub fn avg_pool2d(&self, k: usize) -> Result<RTensor> {
-        op1(
-            self,
+    pub fn avg_pool2d<T: ToUsize2>(&self, sz: T) -> Result<RTensor> {
+        let sz = sz.to_usize2();
+        self.avg_pool2d_with_stride(sz, sz)
+    }
+    /// 2D average pooling: candle's own node (its backward reads only the
+    /// input's shape), so stride ≠ kernel size fails in `backward()` as in candle.
+    pub fn avg_pool2d_with_stride<T: ToUsize2>(&self, kernel: T, stride: T) -> Result<RTensor> {
+        let (kernel, stride) = (kernel.to_usize2(), stride.to_usize2());
+        apply_native(
             "avg-pool2d",
-            false,
-            move |x| x.avg_pool2d(k),
-            move |arg, _, grad| {
-                let (_n, _c, h, w) = arg.dims4()?;
-                let grad_arg = grad.upsample_nearest2d(h, w)?;
-                grad_arg * (1f64 / (k * k) as f64)
-            },
+            &[self],
+            Arc::new(move |x: &[Tensor]| x[0].avg_pool2d_with_stride(kernel, stride)),
+        )
+    }
+    /// Nearest-neighbour upsampling of `(b, c, h, w)` to `(b, c, target_h,
+    /// target_w)`: candle's own node and backward (integer, uniform factors).
+    pub fn upsample_nearest2d(&self, target_h: usize, target_w: usize) -> Result<RTensor> {
+        apply_native(
+            "upsample-nearest2d",
+            &[self],
+            Arc::new(move |x: &[Tensor]| x[0].upsample_nearest2d(target_h, target_w)),
+        )
+    }
+    /// Nearest-neighbour upsampling of `(b, c, l)` to `(b, c, target)`: candle's
+    /// own node and backward (integer factors).
+    pub fn upsample_nearest1d(&self, target: usize) -> Result<RTensor> {
+        apply_native(
+            "upsample-nearest1d",
+            &[self],
+            Arc::new(move |x: &[Tensor]| x[0].upsample_nearest1d(target)),
         )
     }
 

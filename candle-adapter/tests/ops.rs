@@ -324,25 +324,107 @@ fn convolutions_and_pooling() {
         "conv1d",
         &[m(&[2, 3, 9], 40), m(&[4, 3, 3], 41)],
         &|x| x[0].conv1d(&x[1], 1, 1, 1, 1),
-        &|x| x[0].conv1d(&x[1], 1, 1, 1),
+        &|x| x[0].conv1d(&x[1], 1, 1, 1, 1),
     );
     both(
         "conv1d stride 2",
         &[m(&[2, 3, 10], 42), m(&[4, 3, 3], 43)],
         &|x| x[0].conv1d(&x[1], 0, 2, 1, 1),
-        &|x| x[0].conv1d(&x[1], 0, 2, 1),
+        &|x| x[0].conv1d(&x[1], 0, 2, 1, 1),
     );
     both(
         "conv2d",
         &[m(&[2, 3, 8, 8], 44), m(&[5, 3, 3, 3], 45)],
         &|x| x[0].conv2d(&x[1], 1, 1, 1, 1),
-        &|x| x[0].conv2d(&x[1], 1, 1, 1),
+        &|x| x[0].conv2d(&x[1], 1, 1, 1, 1),
     );
     both(
         "conv2d stride 2 dilation 2",
         &[m(&[1, 2, 9, 9], 46), m(&[3, 2, 3, 3], 47)],
         &|x| x[0].conv2d(&x[1], 0, 2, 2, 1),
-        &|x| x[0].conv2d(&x[1], 0, 2, 2),
+        &|x| x[0].conv2d(&x[1], 0, 2, 2, 1),
+    );
+    both(
+        "conv1d groups 3",
+        &[m(&[2, 6, 9], 160), m(&[9, 2, 3], 161)],
+        &|x| x[0].conv1d(&x[1], 1, 1, 1, 3),
+        &|x| x[0].conv1d(&x[1], 1, 1, 1, 3),
+    );
+    both(
+        "conv2d groups 2 (depthwise-like)",
+        &[m(&[2, 4, 7, 7], 162), m(&[6, 2, 3, 3], 163)],
+        &|x| x[0].conv2d(&x[1], 1, 2, 1, 2),
+        &|x| x[0].conv2d(&x[1], 1, 2, 1, 2),
+    );
+    let cfg1 = candle_nn::Conv1dConfig {
+        padding: 1,
+        groups: 2,
+        ..Default::default()
+    };
+    both(
+        "nn::Conv1d layer, groups 2",
+        &[m(&[2, 4, 9], 168), m(&[6, 2, 3], 169), m(&[6], 170)],
+        &move |x| {
+            use candle_nn::Module as _;
+            candle_nn::Conv1d::new(x[1].clone(), Some(x[2].clone()), cfg1).forward(&x[0])
+        },
+        &move |x| {
+            use remat_candle::nn::Module as _;
+            remat_candle::nn::Conv1d::new(x[1].clone(), Some(x[2].clone()), cfg1).forward(&x[0])
+        },
+    );
+    let cfg2 = candle_nn::Conv2dConfig {
+        stride: 2,
+        groups: 3,
+        ..Default::default()
+    };
+    both(
+        "nn::Conv2d layer, groups 3",
+        &[m(&[1, 6, 7, 7], 171), m(&[3, 2, 3, 3], 172), m(&[3], 173)],
+        &move |x| {
+            use candle_nn::Module as _;
+            candle_nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg2).forward(&x[0])
+        },
+        &move |x| {
+            use remat_candle::nn::Module as _;
+            remat_candle::nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg2).forward(&x[0])
+        },
+    );
+    both(
+        "max_pool2d_with_stride",
+        &[m(&[2, 3, 8, 6], 164)],
+        &|x| x[0].max_pool2d_with_stride((2, 3), (2, 3)),
+        &|x| x[0].max_pool2d_with_stride((2, 3), (2, 3)),
+    );
+    both(
+        "avg_pool2d_with_stride",
+        &[m(&[2, 3, 8, 6], 165)],
+        &|x| x[0].avg_pool2d_with_stride((4, 2), (4, 2))?.exp(),
+        &|x| x[0].avg_pool2d_with_stride((4, 2), (4, 2))?.exp(),
+    );
+    // The input also feeds another op: candle's upsample backward replaces the
+    // running gradient sum instead of adding to it; its own node does the same.
+    both(
+        "upsample_nearest2d",
+        &[m(&[2, 3, 4, 5], 166)],
+        &|x| {
+            x[0].upsample_nearest2d(8, 10)?
+                .exp()?
+                .sum_keepdim(1)?
+                .broadcast_add(&x[0].sum_keepdim(1)?.upsample_nearest2d(8, 10)?)
+        },
+        &|x| {
+            x[0].upsample_nearest2d(8, 10)?
+                .exp()?
+                .sum_keepdim(1)?
+                .broadcast_add(&x[0].sum_keepdim(1)?.upsample_nearest2d(8, 10)?)
+        },
+    );
+    both(
+        "upsample_nearest1d",
+        &[m(&[2, 3, 5], 167)],
+        &|x| x[0].upsample_nearest1d(15)?.tanh(),
+        &|x| x[0].upsample_nearest1d(15)?.tanh(),
     );
     both(
         "max_pool2d",
