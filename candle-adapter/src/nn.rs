@@ -9,8 +9,8 @@ use candle_core::{DType, Tensor, D};
 /// candle-nn's configuration structs, initializers, optimizers and variable
 /// map, taken where candle-nn takes them.
 pub use candle_nn::{
-    init, AdamW, BatchNormConfig, Conv1dConfig, Conv2dConfig, Init, LayerNormConfig, ParamsAdamW,
-    VarMap, SGD,
+    init, AdamW, BatchNormConfig, Conv1dConfig, Conv2dConfig, ConvTranspose2dConfig, Init,
+    LayerNormConfig, ParamsAdamW, VarMap, SGD,
 };
 
 use crate::context::Remat;
@@ -424,6 +424,83 @@ impl Module for Conv2d {
             }
         }
     }
+}
+
+/// A 2D transposed convolution (candle-nn's `ConvTranspose2d`).
+#[derive(Debug, Clone)]
+pub struct ConvTranspose2d {
+    weight: RTensor,
+    bias: Option<RTensor>,
+    config: ConvTranspose2dConfig,
+}
+
+impl ConvTranspose2d {
+    /// A layer over `weight: (c_in, c_out, kh, kw)`, an optional `bias: (c_out,)`
+    /// and candle-nn's config (candle-nn's `ConvTranspose2d::new`).
+    pub fn new(weight: RTensor, bias: Option<RTensor>, config: ConvTranspose2dConfig) -> Self {
+        Self {
+            weight,
+            bias,
+            config,
+        }
+    }
+    /// Wrap a candle-nn layer's parameters (shared, not copied).
+    pub fn from_candle(remat: &Remat, c: &candle_nn::ConvTranspose2d) -> Result<Self> {
+        Ok(Self::new(
+            remat.input(c.weight())?,
+            c.bias().map(|b| remat.input(b)).transpose()?,
+            *c.config(),
+        ))
+    }
+    /// The kernel, `(c_in, c_out, kh, kw)`.
+    pub fn weight(&self) -> &RTensor {
+        &self.weight
+    }
+    /// The bias, `(c_out,)`.
+    pub fn bias(&self) -> Option<&RTensor> {
+        self.bias.as_ref()
+    }
+}
+
+impl Module for ConvTranspose2d {
+    fn forward(&self, x: &RTensor) -> Result<RTensor> {
+        let c = &self.config;
+        let x = x.conv_transpose2d(
+            &self.weight,
+            c.padding,
+            c.output_padding,
+            c.stride,
+            c.dilation,
+        )?;
+        match &self.bias {
+            None => Ok(x),
+            Some(bias) => {
+                let b = bias.dims1()?;
+                let bias = bias.reshape((1, b, 1, 1))?;
+                x.broadcast_add(&bias)
+            }
+        }
+    }
+}
+
+/// candle-nn's `conv_transpose2d` over `vb`.
+pub fn conv_transpose2d(
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    cfg: ConvTranspose2dConfig,
+    vb: VarBuilder,
+) -> Result<ConvTranspose2d> {
+    ConvTranspose2d::from_candle(
+        vb.remat(),
+        &candle_nn::conv_transpose2d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            cfg,
+            vb.inner.clone(),
+        )?,
+    )
 }
 
 /// candle-nn's `conv2d` over `vb`.

@@ -327,6 +327,15 @@ impl RTensor {
         escape(self)
     }
 
+    /// The same storage without gradient (candle's `detach`): a view sharing
+    /// the runtime handle, so eviction and rematerialization still cover it.
+    pub fn detach(&self) -> RTensor {
+        RTensor {
+            t: self.t.detach(),
+            h: self.h.clone(),
+        }
+    }
+
     /// The values as a vector (rank 1).
     pub fn to_vec1<T: WithDType>(&self) -> Result<Vec<T>> {
         let p = self.pinned()?;
@@ -573,6 +582,43 @@ impl RTensor {
             |x, _, g| g.mul(&x.sin()?)?.neg(),
         )
     }
+    /// The error function (candle's backward: `grad · 2/√π · e^(−x²)`).
+    pub fn erf(&self) -> Result<RTensor> {
+        op1(
+            self,
+            "erf",
+            false,
+            |x| x.erf(),
+            |arg, _, grad| {
+                let erf_grad = (2. / std::f64::consts::PI.sqrt()) * (arg.sqr()?.neg()?).exp()?;
+                grad * erf_grad
+            },
+        )
+    }
+    /// Rounding ops: no gradient flows through them (as in candle).
+    fn rounding(
+        &self,
+        name: &'static str,
+        f: fn(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> Result<RTensor> {
+        self.no_grad(name, &[], Arc::new(move |x: &[Tensor]| f(&x[0])))
+    }
+    /// Round down (no gradient, as in candle).
+    pub fn floor(&self) -> Result<RTensor> {
+        self.rounding("floor", Tensor::floor)
+    }
+    /// Round up (no gradient, as in candle).
+    pub fn ceil(&self) -> Result<RTensor> {
+        self.rounding("ceil", Tensor::ceil)
+    }
+    /// Round to nearest (no gradient, as in candle).
+    pub fn round(&self) -> Result<RTensor> {
+        self.rounding("round", Tensor::round)
+    }
+    /// −1, 0 or 1 (no gradient, as in candle).
+    pub fn sign(&self) -> Result<RTensor> {
+        self.rounding("sign", Tensor::sign)
+    }
     /// Hyperbolic tangent.
     pub fn tanh(&self) -> Result<RTensor> {
         op1(
@@ -725,6 +771,33 @@ impl RTensor {
     pub fn mean_all(&self) -> Result<RTensor> {
         let n = self.elem_count();
         self.sum_all()?.affine(1. / n as f64, 0.)
+    }
+    /// Unbiased variance over `dim`, keeping it (candle's composition).
+    pub fn var_keepdim<D: Dim>(&self, dim: D) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "var")?;
+        let mean = self.mean_keepdim(dim)?;
+        let squares = self.broadcast_sub(&mean)?.sqr()?;
+        squares.sum_keepdim(dim)? / (self.dim(dim)? - 1) as f64
+    }
+    /// Unbiased variance over `dim`, removing it.
+    pub fn var<D: Dim>(&self, dim: D) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "var")?;
+        self.var_keepdim(dim)?.squeeze(dim)
+    }
+    /// `log Σ exp` over `sum_dims`, stabilized by the maximum (candle's
+    /// composition).
+    pub fn log_sum_exp<T: Dims>(&self, sum_dims: T) -> Result<RTensor> {
+        let sum_dims = sum_dims.to_indexes(self.shape(), "log-sum-exp")?;
+        if sum_dims.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut max = self.max_keepdim(sum_dims[0])?;
+        for &dim in &sum_dims[1..] {
+            max = max.max_keepdim(dim)?;
+        }
+        let exp = self.broadcast_sub(&max)?.exp()?;
+        let sum = exp.sum(sum_dims.clone())?;
+        sum.log()? + max.squeeze_dims(&sum_dims)?
     }
     fn squeeze_dims(&self, dims: &[usize]) -> Result<RTensor> {
         match dims {
@@ -1034,6 +1107,41 @@ impl RTensor {
             false,
         )
     }
+    /// 2D transposed convolution, input `(b, c_in, h, w)`, kernel
+    /// `(c_in, c_out, kh, kw)` (candle's op and backward).
+    pub fn conv_transpose2d(
+        &self,
+        kernel: &RTensor,
+        padding: usize,
+        output_padding: usize,
+        stride: usize,
+        dilation: usize,
+    ) -> Result<RTensor> {
+        apply(
+            "conv-transpose2d",
+            &[self, kernel],
+            Arc::new(move |x: &[Tensor]| {
+                x[0].conv_transpose2d(&x[1], padding, output_padding, stride, dilation)
+            }),
+            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, grad: &Tensor| {
+                let (arg, kernel) = (&x[0], &x[1]);
+                let grad_arg = grad.conv2d(kernel, padding, stride, dilation, 1)?;
+                let grad_kernel = grad
+                    .transpose(0, 1)?
+                    .conv2d(&arg.transpose(0, 1)?, padding, dilation, stride, 1)?
+                    .transpose(0, 1)?;
+                let (_, _, k0, k1) = kernel.dims4()?;
+                let (_, _, g_k0, g_k1) = grad_kernel.dims4()?;
+                let grad_kernel = if g_k0 != k0 || g_k1 != k1 {
+                    grad_kernel.narrow(2, 0, k0)?.narrow(3, 0, k1)?
+                } else {
+                    grad_kernel
+                };
+                Ok(vec![Some(grad_arg), Some(grad_kernel)])
+            }),
+            false,
+        )
+    }
     /// 2D max pooling with stride = kernel size.
     pub fn max_pool2d<T: ToUsize2>(&self, sz: T) -> Result<RTensor> {
         let sz = sz.to_usize2();
@@ -1324,6 +1432,36 @@ impl RTensor {
     /// `self >= rhs` elementwise (`u8`).
     pub fn ge(&self, rhs: &RTensor) -> Result<RTensor> {
         self.cmp(rhs, CmpOp::Ge)
+    }
+    /// Broadcast both sides to a common shape, then compare.
+    fn broadcast_cmp(&self, rhs: &RTensor, op: CmpOp) -> Result<RTensor> {
+        let shape = self.shape().broadcast_shape_binary_op(rhs.shape(), "cmp")?;
+        self.broadcast_as(&shape)?
+            .cmp(&rhs.broadcast_as(&shape)?, op)
+    }
+    /// `==` with broadcasting (`u8`).
+    pub fn broadcast_eq(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_cmp(rhs, CmpOp::Eq)
+    }
+    /// `!=` with broadcasting (`u8`).
+    pub fn broadcast_ne(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_cmp(rhs, CmpOp::Ne)
+    }
+    /// `<` with broadcasting (`u8`).
+    pub fn broadcast_lt(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_cmp(rhs, CmpOp::Lt)
+    }
+    /// `<=` with broadcasting (`u8`).
+    pub fn broadcast_le(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_cmp(rhs, CmpOp::Le)
+    }
+    /// `>` with broadcasting (`u8`).
+    pub fn broadcast_gt(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_cmp(rhs, CmpOp::Gt)
+    }
+    /// `>=` with broadcasting (`u8`).
+    pub fn broadcast_ge(&self, rhs: &RTensor) -> Result<RTensor> {
+        self.broadcast_cmp(rhs, CmpOp::Ge)
     }
     /// Index of the maximum along `dim`, keeping it (`u32`).
     pub fn argmax_keepdim<T: Dim>(&self, dim: T) -> Result<RTensor> {

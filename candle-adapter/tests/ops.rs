@@ -230,6 +230,20 @@ fn unary_ops() {
     both("abs", &[a.clone()], &|x| x[0].abs(), &|x| x[0].abs());
     both("tanh", &[a.clone()], &|x| x[0].tanh(), &|x| x[0].tanh());
     both("sin", &[a.clone()], &|x| x[0].sin(), &|x| x[0].sin());
+    both("erf", &[a.clone()], &|x| x[0].erf(), &|x| x[0].erf());
+    // No gradient through rounding and detach: only the second factor's.
+    both(
+        "floor, ceil, round, sign (no gradient)",
+        &[a.clone()],
+        &|x| (x[0].floor()? + x[0].ceil()? + x[0].round()? + x[0].sign()?)?.mul(&x[0]),
+        &|x| (x[0].floor()? + x[0].ceil()? + x[0].round()? + x[0].sign()?)?.mul(&x[0]),
+    );
+    both(
+        "detach",
+        &[a.clone()],
+        &|x| x[0].detach().exp()?.mul(&x[0]),
+        &|x| x[0].detach().exp()?.mul(&x[0]),
+    );
     both("cos", &[a.clone()], &|x| x[0].cos(), &|x| x[0].cos());
     both("relu", &[a.clone()], &|x| x[0].relu(), &|x| x[0].relu());
     both("gelu", &[a.clone()], &|x| x[0].gelu(), &|x| x[0].gelu());
@@ -298,6 +312,19 @@ fn reductions() {
     both("min", &[a.clone()], &|x| x[0].min(D::Minus1), &|x| {
         x[0].min(D::Minus1)
     });
+    both(
+        "var_keepdim",
+        &[a.clone()],
+        &|x| x[0].var_keepdim(1),
+        &|x| x[0].var_keepdim(1),
+    );
+    both("var", &[a.clone()], &|x| x[0].var(2), &|x| x[0].var(2));
+    both(
+        "log_sum_exp",
+        &[a.clone()],
+        &|x| x[0].log_sum_exp((0, 2)),
+        &|x| x[0].log_sum_exp((0, 2)),
+    );
     both(
         "softmax",
         &[a.clone()],
@@ -388,6 +415,29 @@ fn convolutions_and_pooling() {
         &move |x| {
             use remat_candle::nn::Module as _;
             remat_candle::nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg2).forward(&x[0])
+        },
+    );
+    both(
+        "conv_transpose2d",
+        &[m(&[2, 3, 5, 5], 174), m(&[3, 4, 3, 3], 175)],
+        &|x| x[0].conv_transpose2d(&x[1], 1, 1, 2, 1),
+        &|x| x[0].conv_transpose2d(&x[1], 1, 1, 2, 1),
+    );
+    let cfgt = candle_nn::ConvTranspose2dConfig {
+        stride: 2,
+        ..Default::default()
+    };
+    both(
+        "nn::ConvTranspose2d layer",
+        &[m(&[1, 3, 4, 4], 176), m(&[3, 2, 3, 3], 177), m(&[2], 178)],
+        &move |x| {
+            use candle_nn::Module as _;
+            candle_nn::ConvTranspose2d::new(x[1].clone(), Some(x[2].clone()), cfgt).forward(&x[0])
+        },
+        &move |x| {
+            use remat_candle::nn::Module as _;
+            remat_candle::nn::ConvTranspose2d::new(x[1].clone(), Some(x[2].clone()), cfgt)
+                .forward(&x[0])
         },
     );
     both(
@@ -715,6 +765,14 @@ fn comparisons_and_argmax_match_candle() {
         (ra.gt(&rb), a.gt(&b)),
         (ra.ge(&rb), a.ge(&b)),
         (ra.cmp_scalar(0.5, candle_core::op::CmpOp::Gt), a.gt(0.5)),
+        (
+            ra.broadcast_lt(&rb.narrow(0, 1, 1).unwrap()),
+            a.broadcast_lt(&b.narrow(0, 1, 1).unwrap()),
+        ),
+        (
+            ra.broadcast_ge(&rb.narrow(1, 2, 1).unwrap()),
+            a.broadcast_ge(&b.narrow(1, 2, 1).unwrap()),
+        ),
     ] {
         assert_eq!(
             u8s(&ours.unwrap().to_candle().unwrap()),
