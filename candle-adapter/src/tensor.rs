@@ -772,6 +772,35 @@ impl RTensor {
         let n = self.elem_count();
         self.sum_all()?.affine(1. / n as f64, 0.)
     }
+    /// Cumulative sum along `dim` (candle's composition: a matmul with an
+    /// upper-triangular matrix of ones, an input of the context).
+    pub fn cumsum<D: Dim>(&self, dim: D) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "cumsum")?;
+        let rank = self.rank();
+        if rank == 0 {
+            return Ok(self.clone());
+        }
+        let n_axis = self.dim(dim)?;
+        let triu = self
+            .remat()
+            .input(&Tensor::triu2(n_axis, self.dtype(), self.device())?)?;
+        if rank == 1 {
+            self.unsqueeze(0)?.matmul(&triu)?.squeeze(0)
+        } else {
+            let last = rank - 1;
+            let t = self.transpose(dim, last)?;
+            let t = t.broadcast_matmul(&triu)?;
+            t.transpose(dim, last)
+        }
+    }
+    /// `self^rhs` elementwise (candle's composition `exp(rhs · ln self)`).
+    pub fn pow(&self, rhs: &RTensor) -> Result<RTensor> {
+        rhs.mul(&self.log()?)?.exp()
+    }
+    /// `self^rhs` with broadcasting (candle's composition).
+    pub fn broadcast_pow(&self, rhs: &RTensor) -> Result<RTensor> {
+        rhs.broadcast_mul(&self.log()?)?.exp()
+    }
     /// Unbiased variance over `dim`, keeping it (candle's composition).
     pub fn var_keepdim<D: Dim>(&self, dim: D) -> Result<RTensor> {
         let dim = dim.to_index(self.shape(), "var")?;
@@ -1230,6 +1259,22 @@ impl RTensor {
                 let ids = x[1].contiguous()?;
                 let grad = x[0].zeros_like()?.index_add(&ids, g, dim)?;
                 Ok(vec![Some(grad), None])
+            }),
+            false,
+        )
+    }
+    /// `self` with the rows of `src` added at `ids` along `dim` (candle's
+    /// `index_add` and its backward: the gradient of `self` passes through, the
+    /// gradient of `src` is the gradient's rows at `ids`).
+    pub fn index_add<T: Dim>(&self, ids: &RTensor, src: &RTensor, dim: T) -> Result<RTensor> {
+        let dim = dim.to_index(self.shape(), "index-add")?;
+        apply(
+            "index-add",
+            &[self, ids, src],
+            Arc::new(move |x: &[Tensor]| x[0].index_add(&x[1], &x[2], dim)),
+            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+                let src_grad = g.index_select(&x[1], dim)?;
+                Ok(vec![Some(g.clone()), None, Some(src_grad)])
             }),
             false,
         )

@@ -319,6 +319,27 @@ fn reductions() {
         &|x| x[0].var_keepdim(1),
     );
     both("var", &[a.clone()], &|x| x[0].var(2), &|x| x[0].var(2));
+    both("cumsum", &[a.clone()], &|x| x[0].cumsum(1), &|x| {
+        x[0].cumsum(1)
+    });
+    both(
+        "cumsum rank 1",
+        &[m(&[7], 180)],
+        &|x| x[0].cumsum(0),
+        &|x| x[0].cumsum(0),
+    );
+    both(
+        "pow",
+        &[pos(&[3, 4, 5], 181), m(&[3, 4, 5], 182)],
+        &|x| x[0].pow(&x[1]),
+        &|x| x[0].pow(&x[1]),
+    );
+    both(
+        "broadcast_pow",
+        &[pos(&[3, 4, 5], 183), m(&[4, 1], 184)],
+        &|x| x[0].broadcast_pow(&x[1]),
+        &|x| x[0].broadcast_pow(&x[1]),
+    );
     both(
         "log_sum_exp",
         &[a.clone()],
@@ -569,6 +590,17 @@ fn indexing() {
         &move |x| {
             let r = x[0].remat().input(&ids2)?;
             x[0].index_select(&r, 0)
+        },
+    );
+    let ia = Tensor::new(&[2u32, 0, 2], &Device::Cpu).unwrap();
+    let ia2 = ia.clone();
+    both(
+        "index_add",
+        &[m(&[4, 5], 185), m(&[3, 5], 186)],
+        &move |x| x[0].index_add(&ia, &x[1], 0),
+        &move |x| {
+            let r = x[0].remat().input(&ia2)?;
+            x[0].index_add(&r, &x[1], 0)
         },
     );
     let g = Tensor::new(&[[1u32], [0], [2]], &Device::Cpu).unwrap();

@@ -104,14 +104,14 @@ fn figures_and_settings_come_from_this_crate() {
 fn escaping_to_plain_candle_and_back_keeps_gradients() {
     use candle_core::Var;
     let v = Var::from_tensor(&rand(3, &[4, 5], -1.0, 1.0)).unwrap();
-    // Plain candle: exp, then cumsum (an op remat-candle does not cover), then sqr.
-    let plain = v.as_tensor().exp().unwrap().cumsum(1).unwrap();
+    // Plain candle: exp, then a sort (an op remat-candle does not cover), then sqr.
+    let plain = v.as_tensor().exp().unwrap().sort_last_dim(true).unwrap().0;
     let plain_loss = plain.sqr().unwrap().sum_all().unwrap();
     let plain_grad = plain_loss.backward().unwrap();
-    // remat-candle: the same, cumsum done on an escaped copy and brought back.
+    // remat-candle: the same, the sort done on an escaped copy and brought back.
     let remat = Remat::unbounded().unwrap();
     let x = remat.param(&v).unwrap().exp().unwrap();
-    let s = x.to_candle().unwrap().cumsum(1).unwrap(); // plain candle, in candle's graph
+    let s = x.to_candle().unwrap().sort_last_dim(true).unwrap().0; // plain candle, in candle's graph
     let back = remat.input(&s).unwrap(); // an input of the runtime: never evicted
     let loss = back.sqr().unwrap().sum_all().unwrap();
     assert!(x.evict().unwrap()); // the escaped copy does not depend on x's storage
