@@ -264,6 +264,21 @@ impl<B: BackendIr> DtrClient<B> {
     }
 }
 
+impl<B: BackendIr> DtrClient<B> {
+    /// Record every step from the next boundary on, also without a budget (see
+    /// [`remat_dtr::Runtime::record_iterations`]).
+    pub fn record_iterations(&self) {
+        self.lock().rt.record_iterations();
+    }
+
+    /// The smallest budget the last recorded step replays under at a cost of
+    /// at most `max_overhead` times its first computations (see
+    /// [`remat_dtr::Runtime::min_feasible_budget`]).
+    pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
+        Ok(self.lock().rt.min_feasible_budget(max_overhead)?)
+    }
+}
+
 impl<B: BackendIr> State<B> {
     fn seal(&mut self) -> Result<usize> {
         let st = self;

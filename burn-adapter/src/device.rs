@@ -167,6 +167,22 @@ impl<B: BackendIr> DtrDevice<B> {
         get_client::<DtrChannel<B>>(self).seal()
     }
 
+    /// Record every training step from the next boundary on, also without a
+    /// budget, so that [`DtrDevice::min_feasible_budget`] can answer for an
+    /// unbudgeted run (with a budget, steps are recorded anyway).
+    pub fn record_iterations(&self) {
+        get_client::<DtrChannel<B>>(self).record_iterations()
+    }
+
+    /// The smallest budget (bytes, in the device's budget mode) under which
+    /// the last recorded step replays at a cost of at most `max_overhead` times
+    /// its first computations: answered offline by simulating the step, no
+    /// trial runs. Steps end with [`DtrDevice::end_iteration`] (`Sealing` ends
+    /// one after each optimizer step).
+    pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
+        get_client::<DtrChannel<B>>(self).min_feasible_budget(max_overhead)
+    }
+
     /// End a training step (see [`DtrClient::end_iteration`](crate::DtrClient::end_iteration));
     /// [`Sealing`](crate::Sealing) calls it after each optimizer step, after the seal.
     pub fn end_iteration(&self) -> Result<remat_dtr::IterationReport> {

@@ -385,3 +385,43 @@ fn calibration_lowers_the_eviction_threshold_and_cleanup_runs() {
     device.empty_cache().expect("empty_cache");
     assert!(device.take_error().is_none());
 }
+
+#[test]
+fn the_smallest_budget_query_answers_a_budget_that_trains() {
+    // Measure unbudgeted with every step recorded, ask for the smallest budget
+    // whose planned step costs at most twice its computations, then train at
+    // it with the default policy and budget mode.
+    let d = Dims {
+        blocks: 4,
+        ..Dims::tiny()
+    };
+    let (ref_init, ref_trace) = reference(&d);
+    let options = |budget: Option<u64>| {
+        let mut config = DtrConfig::default();
+        if let Some(b) = budget {
+            config = config.with_budget(b);
+        }
+        DtrOptions::new(config).with_cost_model(CostModel::gpu())
+    };
+    let free = DtrDevice::with_options(NdArrayDevice::Cpu, options(None)).expect("device");
+    free.record_iterations();
+    let (_, trace) = ours(&d, &free);
+    assert_eq!(trace.losses, ref_trace.losses);
+    let peak = free.stats().memory.peak_allocated;
+    let floor = free.min_feasible_budget(2.0).expect("a recorded step");
+    eprintln!("peak {peak} B, smallest budget at 2x: {floor} B");
+    assert!(floor < peak, "replays let a step fit below its peak");
+    let device = DtrDevice::with_options(NdArrayDevice::Cpu, options(Some(floor))).expect("device");
+    let (init, trace) = ours(&d, &device);
+    assert!(device.take_error().is_none());
+    assert_eq!(init, ref_init);
+    assert_eq!(trace.losses, ref_trace.losses, "losses at the floor");
+    assert_eq!(trace.params, ref_trace.params, "parameters at the floor");
+    eprintln!("at the floor: {}", device.stats().runtime);
+    let last = device.stats().last_iteration.expect("Sealing ends steps");
+    assert!(last.planned, "{last:?}");
+    assert!(
+        last.remat_ns <= last.compute_ns * (1.0 + 1e-9),
+        "the planned step costs at most 2x: {last:?}"
+    );
+}
