@@ -9,7 +9,8 @@
 //!   timeout 60 cargo test --release -p remat-burn --test policy_probe -- --ignored --nocapture
 //! ```
 //!
-//! `PROBE_SAMPLING=1` turns √N sampling on (default: full scan).
+//! `PROBE_SAMPLING=1` turns √N sampling on (default: full scan);
+//! `PROBE_MODE=physical` uses the physical budget mode (default: logical).
 
 #[path = "common/model.rs"]
 mod model;
@@ -24,8 +25,12 @@ use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
 type Ours = Autodiff<Dtr<NdArray>>;
 
 fn device(budget: Option<u64>, policy: PolicyKind, sampling: bool) -> DtrDevice<NdArray> {
+    let mode = match std::env::var("PROBE_MODE").as_deref() {
+        Ok("physical") => BudgetMode::Physical,
+        _ => BudgetMode::Logical,
+    };
     let mut config = DtrConfig::default()
-        .with_budget_mode(BudgetMode::Logical)
+        .with_budget_mode(mode)
         .with_policy(policy)
         .with_sampling(sampling)
         .with_filter(false);

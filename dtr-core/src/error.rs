@@ -79,6 +79,10 @@ pub enum ImpossibleCause {
     /// allocator can help; a larger budget or fewer pins can.
     #[default]
     WorkingSetExceedsBudget,
+    /// The resident storages and the request fit the budget as requested, but
+    /// not as the memory model rounds them (512 B blocks per storage in the
+    /// physical model and its arena): the rounding is the missing margin.
+    Rounding,
     /// The working set fits the budget but the memory model cannot place the
     /// request in one piece and cannot move its blocks (a planner simulation,
     /// or a plan being followed).
@@ -92,6 +96,9 @@ impl ImpossibleCause {
             ImpossibleCause::RequestExceedsBudget => "the request alone exceeds the budget",
             ImpossibleCause::WorkingSetExceedsBudget => {
                 "what must stay resident plus the request exceed the budget"
+            }
+            ImpossibleCause::Rounding => {
+                "the working set fits as requested, but not rounded to the memory model's blocks"
             }
             ImpossibleCause::Fragmentation => {
                 "the free bytes would hold the request, but not in one piece"

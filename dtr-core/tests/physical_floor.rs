@@ -181,6 +181,17 @@ fn an_impossible_budget_names_its_true_cause() {
         }
         other => panic!("{other:?}"),
     }
+    // 3 500 B of inputs and a 550 B request fit 4 KiB as requested, but not in
+    // 512 B blocks (3 584 + 1 024 B): the rounding is named.
+    let mut small = runtime(BudgetMode::Physical, Some(4 << 10));
+    let ins: Vec<_> = (0..7).map(|k| small.put(k, 500).unwrap()).collect();
+    match small.apply(op(3), &ins, &[OutputSpec::fresh(550)], 1) {
+        Err(Error::ImpossibleBudget(b)) => {
+            assert_eq!(b.cause, ImpossibleCause::Rounding, "{b}");
+            assert!(b.to_string().contains("rounded"), "{b}");
+        }
+        other => panic!("{other:?}"),
+    }
     // The device stays usable after the failure.
     let y = rt.apply(op(2), &[_p], &[OutputSpec::fresh(100 << 10)], 1);
     assert!(y.is_ok(), "{y:?}");

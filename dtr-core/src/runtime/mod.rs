@@ -1592,7 +1592,11 @@ impl<V> Runtime<V> {
         let cause = if block > budget {
             ImpossibleCause::RequestExceedsBudget
         } else if usage.allocated.saturating_add(block) > budget {
-            ImpossibleCause::WorkingSetExceedsBudget
+            if resident.saturating_add(needed) <= budget && usage.allocated > resident {
+                ImpossibleCause::Rounding
+            } else {
+                ImpossibleCause::WorkingSetExceedsBudget
+            }
         } else {
             ImpossibleCause::Fragmentation
         };
