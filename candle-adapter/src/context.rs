@@ -505,6 +505,40 @@ impl Remat {
         self.inner.lock()?.end_iteration().c()
     }
 
+    /// Record every step from the next [`Remat::end_iteration`] on (from now
+    /// if nothing has run yet), also without a budget, so that
+    /// [`Remat::min_feasible_budget`] can answer for an unbudgeted run. With a
+    /// budget, steps are recorded anyway.
+    pub fn record_iterations(&self) -> Result<()> {
+        self.inner.lock()?.record_iterations();
+        Ok(())
+    }
+
+    /// The smallest budget (bytes, in this context's budget mode) under which
+    /// the last recorded step replays at a cost of at most `max_overhead` times
+    /// its first computations (1.0: no recomputation; 2.0: at most as much
+    /// again). Answered offline by simulating the recorded step under budgets
+    /// found by bisection, with plan-ahead DTR's policies: no trial runs.
+    ///
+    /// ```no_run
+    /// # use remat_candle::Remat;
+    /// # fn step(_: &Remat) -> remat_candle::Result<()> { Ok(()) }
+    /// # fn main() -> remat_candle::Result<()> {
+    /// let remat = Remat::unbounded()?;
+    /// remat.record_iterations()?;
+    /// step(&remat)?; // forward, backward, optimizer step
+    /// remat.end_iteration()?;
+    /// let floor = remat.min_feasible_budget(2.0)?;
+    /// println!("this step fits in {floor} B with at most 2x compute");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors (typed, see [`crate::Error`]): `max_overhead` not a finite number
+    /// ≥ 1, or no step recorded whole yet.
+    pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
+        self.inner.lock()?.min_feasible_budget(max_overhead).c()
+    }
+
     /// Release handles dropped while the runtime was busy.
     pub fn flush(&self) -> Result<()> {
         drop(self.inner.lock()?);
