@@ -130,7 +130,10 @@ fn the_smallest_budget_query_answers_a_budget_that_trains() {
     // which a step costs at most twice its computations.
     let (free, _, peak, floor) = train(None, 4, Some(2.0));
     let floor = floor.unwrap();
-    assert!(floor < peak, "replays let a step fit below its peak ({floor} vs {peak} B)");
+    assert!(
+        floor < peak,
+        "replays let a step fit below its peak ({floor} vs {peak} B)"
+    );
     // Every step trains there, bit-identically. (Costs are measured wall
     // clock here, so whether a later step follows a plan, and at what replay
     // cost, varies between runs; remat-burn's test, with analytic costs,
@@ -148,7 +151,10 @@ fn the_smallest_budget_query_answers_a_budget_that_trains() {
     );
     let e = remat.min_feasible_budget(0.5).unwrap_err();
     assert!(
-        matches!(e.dtr_error(), Some(remat_dtr::Error::InvalidArgument { .. })),
+        matches!(
+            e.dtr_error(),
+            Some(remat_dtr::Error::InvalidArgument { .. })
+        ),
         "{e}"
     );
 }
