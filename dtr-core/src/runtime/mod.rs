@@ -75,7 +75,7 @@ pub struct Runtime<V> {
     victims: Vec<StorageId>,
     /// Set while the threshold trigger evicts: only storages whose evicted
     /// region stays small are chosen ([`crate::graph::Graph::threshold_evictable`]).
-    shallow_only: bool,
+    thresholding: bool,
     frames: Vec<Frame>,
     touched: Vec<StorageId>,
     /// True while [`Runtime::hold`] runs its work list: finished inputs waiting
@@ -144,7 +144,7 @@ impl<V> Runtime<V> {
             pool: Vec::new(),
             pool_hot: Vec::new(),
             victims: Vec::new(),
-            shallow_only: false,
+            thresholding: false,
             frames: Vec::new(),
             touched: Vec::new(),
             regenerating: false,
@@ -1433,7 +1433,7 @@ impl<V> Runtime<V> {
         let Some(threshold) = self.config.threshold else {
             return Ok(());
         };
-        self.shallow_only = true;
+        self.thresholding = true;
         let mut result = Ok(());
         while self.stats.live_bytes > threshold {
             let req = Request {
@@ -1450,7 +1450,7 @@ impl<V> Runtime<V> {
                 }
             }
         }
-        self.shallow_only = false;
+        self.thresholding = false;
         result
     }
 
@@ -1650,7 +1650,7 @@ impl<V> Runtime<V> {
             self.pool.extend(cands.iter().take(64));
             self.pool_hot.extend(hot.iter().take(64));
         }
-        if self.shallow_only {
+        if self.thresholding {
             self.keep_threshold_evictable();
         }
     }
@@ -1750,7 +1750,7 @@ impl<V> Runtime<V> {
             // Under the threshold trigger, an earlier victim may have grown this
             // one's region: checked at each eviction.
             if self.graph.st(s).cand_pos != NONE
-                && (!self.shallow_only || self.graph.threshold_evictable(s))
+                && (!self.thresholding || self.graph.threshold_evictable(s))
             {
                 self.log_eviction(s, false);
                 self.evict_storage(s, false)?;
@@ -1758,7 +1758,7 @@ impl<V> Runtime<V> {
             }
         }
         self.victims = victims;
-        Ok(evicted || !self.shallow_only)
+        Ok(evicted || !self.thresholding)
     }
 
     // ----- invariants ----------------------------------------------------------
