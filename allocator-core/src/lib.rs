@@ -52,6 +52,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Each call takes the allocator's mutex once. For many operations in a row (an
+//! eviction loop, a trace replayer, a framework's single stream),
+//! [`CachingAllocator::batch`] takes it once for all of them and makes the same
+//! decisions; [`CachingAllocator::inspect`] does the same for read-only queries.
+//!
 //! Errors are typed ([`Error`]); an out-of-memory error ([`OutOfMemoryError`])
 //! carries the figures and prints PyTorch's message. Library code never panics on
 //! user input.

@@ -79,13 +79,14 @@ impl Entry {
 /// The free blocks of one stream. Invariants: each `bins[b]` is sorted by
 /// `(size, ptr)` and holds only sizes with `bin_of(size) == b`; bit `b % 32` of
 /// `nonempty[b / 32]` is set iff `bins[b]` is non-empty; bit `g` of `groups` is
-/// set iff `nonempty[g] != 0`.
+/// set iff `nonempty[g] != 0`. `bins` grows to the highest bin ever used (a
+/// missing bin is empty), so a small pool's index stays a few KiB.
 #[derive(Debug)]
 struct StreamIndex {
     stream: StreamId,
     groups: u64,
     nonempty: [u32; GROUP_COUNT],
-    bins: Box<[Vec<Entry>]>,
+    bins: Vec<Vec<Entry>>,
 }
 
 impl StreamIndex {
@@ -94,7 +95,7 @@ impl StreamIndex {
             stream,
             groups: 0,
             nonempty: [0; GROUP_COUNT],
-            bins: (0..BIN_COUNT).map(|_| Vec::new()).collect(),
+            bins: Vec::new(),
         }
     }
 
@@ -136,7 +137,7 @@ impl StreamIndex {
     #[inline]
     fn lower_bound(&self, size: usize) -> Option<(usize, usize)> {
         let b = bin_of(size);
-        let bin = &self.bins[b];
+        let bin = self.bins.get(b).map_or(&[][..], Vec::as_slice);
         let i = bin.partition_point(|e| e.size < size);
         if i < bin.len() {
             return Some((b, i));
@@ -147,6 +148,9 @@ impl StreamIndex {
     #[inline]
     fn insert(&mut self, e: Entry) -> bool {
         let b = bin_of(e.size);
+        if b >= self.bins.len() {
+            self.grow(b);
+        }
         let bin = &mut self.bins[b];
         // Most bins hold a few entries: appending (the common case, and the
         // only one for an empty bin) skips the search and the shift.
@@ -165,7 +169,7 @@ impl StreamIndex {
     #[inline]
     fn remove(&mut self, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         let b = bin_of(size);
-        let bin = &mut self.bins[b];
+        let bin = self.bins.get_mut(b)?;
         let e = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
             bin.pop()?
         } else {
@@ -176,6 +180,12 @@ impl StreamIndex {
             self.unmark(b);
         }
         Some(e.id)
+    }
+
+    /// Makes bins up to `bin` exist.
+    #[cold]
+    fn grow(&mut self, bin: usize) {
+        self.bins.resize_with(bin + 1, Vec::new);
     }
 
     /// Every entry in `(size, address)` order, visiting only non-empty bins.
@@ -305,7 +315,7 @@ impl BlockPool {
     /// The id stored for `(stream, size, ptr)`, if any.
     #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn get(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<BlockId> {
-        let bin = &self.index(stream)?.bins[bin_of(size)];
+        let bin = self.index(stream)?.bins.get(bin_of(size))?;
         bin.binary_search_by(|x| x.key().cmp(&(size, ptr)))
             .ok()
             .map(|i| bin[i].id)
@@ -381,7 +391,7 @@ impl BlockPool {
     ) -> impl Iterator<Item = Entry> + '_ {
         let top = bin_of(size);
         self.index(stream).into_iter().flat_map(move |s| {
-            s.bins[..=top]
+            s.bins[..s.bins.len().min(top + 1)]
                 .iter()
                 .rev()
                 .flat_map(|b| b.iter().rev().copied())
