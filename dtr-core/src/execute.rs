@@ -11,15 +11,18 @@
 //! the rest of the iteration (a *divergence*): the runtime goes on online, with
 //! the configured policy, in the same memory.
 
-use crate::record::{Boundary, Event};
+use std::sync::Arc;
+
+use crate::record::Recording;
 
 /// A schedule for one iteration, chosen offline (see [`crate::planner`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct IterationPlan {
-    /// The state the iteration must start from.
-    pub start: Boundary,
-    /// The program the iteration must repeat.
-    pub events: Vec<Event>,
+    /// The recorded iteration the plan was made from: the state the next one
+    /// must start from ([`Recording::start`]) and the program it must repeat
+    /// ([`Recording::events`]). While an iteration follows the plan, this is
+    /// its recording too (nothing is recorded call by call).
+    pub recording: Arc<Recording>,
     /// What the simulation did before each allocation, in order.
     pub steps: Vec<PlanStep>,
     /// Offsets of the allocations: first one per storage of [`Boundary::storages`],
@@ -58,7 +61,7 @@ impl IterationPlan {
 
     /// Allocations placed before the iteration starts (the boundary's storages).
     pub fn prefix_len(&self) -> usize {
-        self.start.storages.len()
+        self.recording.start.storages.len()
     }
 }
 

@@ -102,7 +102,7 @@ enum Placement {
 /// the recorded iteration cost (first computations plus rematerializations): a
 /// plan must not cost more. `Ok(None)`: no entry fits, or none is cheaper.
 pub(crate) fn plan_iteration(
-    rec: &Recording,
+    rec: &Arc<Recording>,
     config: &DtrConfig,
     measured_ns: f64,
 ) -> Result<Option<IterationPlan>> {
@@ -263,7 +263,7 @@ enum Outcome {
 
 /// The planner's state while it works through the portfolio.
 struct Planner<'a> {
-    rec: &'a Recording,
+    rec: &'a Arc<Recording>,
     config: &'a DtrConfig,
     budget: u64,
     future: Arc<Future>,
@@ -319,8 +319,7 @@ impl Planner<'_> {
         }
         if self.best.as_ref().is_none_or(|p| sim.total_ns < p.total_ns) {
             self.best = Some(IterationPlan {
-                start: self.rec.start.clone(),
-                events: self.rec.events.clone(),
+                recording: self.rec.clone(),
                 steps: sim.steps,
                 offsets,
                 sizes: sim.requests.iter().map(|r| r.size).collect(),

@@ -14,6 +14,7 @@
 //! check that the next iteration is the same program (its [`Event`]s without the
 //! costs).
 
+use crate::ids::TensorId;
 use crate::op::OutputSpec;
 
 /// A tensor as an iteration names it.
@@ -132,6 +133,130 @@ pub fn op_count(events: &[Event]) -> usize {
         .iter()
         .filter(|e| matches!(e, Event::Apply { .. } | Event::Mutate { .. }))
         .count()
+}
+
+/// A public call as the runtime sees it, borrowing its arguments: compared
+/// with a plan's [`Event`] without building one (the planned path allocates
+/// nothing per call), turned into an [`Event`] when recorded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Call<'a> {
+    Put {
+        bytes: u64,
+    },
+    Apply {
+        name: &'a str,
+        inputs: &'a [TensorId],
+        outputs: &'a [OutputSpec],
+        recomputable: bool,
+        cost_ns: u64,
+    },
+    Mutate {
+        name: &'a str,
+        inputs: &'a [TensorId],
+        mutated: &'a [usize],
+        recomputable: bool,
+        cost_ns: u64,
+    },
+    Access(TensorId),
+    Pin(TensorId),
+    Unpin(TensorId),
+    Retain(TensorId),
+    Release(TensorId),
+    Evict(TensorId),
+    MakeRoot(TensorId),
+}
+
+impl Call<'_> {
+    /// The event this call records, naming tensors with `name`.
+    pub(crate) fn to_event(self, name_of: impl Fn(TensorId) -> Ref) -> Event {
+        match self {
+            Call::Put { bytes } => Event::Put { bytes },
+            Call::Apply {
+                name,
+                inputs,
+                outputs,
+                recomputable,
+                cost_ns,
+            } => Event::Apply {
+                name: name.to_string(),
+                inputs: inputs.iter().map(|&t| name_of(t)).collect(),
+                outputs: outputs.to_vec(),
+                recomputable,
+                cost_ns,
+            },
+            Call::Mutate {
+                name,
+                inputs,
+                mutated,
+                recomputable,
+                cost_ns,
+            } => Event::Mutate {
+                name: name.to_string(),
+                inputs: inputs.iter().map(|&t| name_of(t)).collect(),
+                mutated: mutated.to_vec(),
+                recomputable,
+                cost_ns,
+            },
+            Call::Access(t) => Event::Access(name_of(t)),
+            Call::Pin(t) => Event::Pin(name_of(t)),
+            Call::Unpin(t) => Event::Unpin(name_of(t)),
+            Call::Retain(t) => Event::Retain(name_of(t)),
+            Call::Release(t) => Event::Release(name_of(t)),
+            Call::Evict(t) => Event::Evict(name_of(t)),
+            Call::MakeRoot(t) => Event::MakeRoot(name_of(t)),
+        }
+    }
+
+    /// [`Event::same_program`] between this call and `e`, without building an
+    /// event.
+    pub(crate) fn same_program(&self, e: &Event, name_of: impl Fn(TensorId) -> Ref) -> bool {
+        let same_refs = |ts: &[TensorId], rs: &[Ref]| {
+            ts.len() == rs.len() && ts.iter().zip(rs).all(|(&t, &r)| name_of(t) == r)
+        };
+        match (*self, e) {
+            (Call::Put { bytes }, Event::Put { bytes: b }) => bytes == *b,
+            (
+                Call::Apply {
+                    name,
+                    inputs,
+                    outputs,
+                    recomputable,
+                    ..
+                },
+                Event::Apply {
+                    name: n,
+                    inputs: i,
+                    outputs: o,
+                    recomputable: r,
+                    ..
+                },
+            ) => name == n && recomputable == *r && outputs == o.as_slice() && same_refs(inputs, i),
+            (
+                Call::Mutate {
+                    name,
+                    inputs,
+                    mutated,
+                    recomputable,
+                    ..
+                },
+                Event::Mutate {
+                    name: n,
+                    inputs: i,
+                    mutated: m,
+                    recomputable: r,
+                    ..
+                },
+            ) => name == n && recomputable == *r && mutated == m.as_slice() && same_refs(inputs, i),
+            (Call::Access(t), Event::Access(r))
+            | (Call::Pin(t), Event::Pin(r))
+            | (Call::Unpin(t), Event::Unpin(r))
+            | (Call::Retain(t), Event::Retain(r))
+            | (Call::Release(t), Event::Release(r))
+            | (Call::Evict(t), Event::Evict(r))
+            | (Call::MakeRoot(t), Event::MakeRoot(r)) => name_of(t) == *r,
+            _ => false,
+        }
+    }
 }
 
 /// The live state at an iteration boundary, as sizes only: what the next

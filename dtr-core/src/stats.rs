@@ -86,7 +86,7 @@ pub struct PlanSummary {
 
 impl From<&crate::execute::IterationPlan> for PlanSummary {
     fn from(p: &crate::execute::IterationPlan) -> Self {
-        let ops = crate::record::op_count(&p.events);
+        let ops = crate::record::op_count(&p.recording.events);
         Self {
             policy: p.policy.clone(),
             overhead: p.overhead(),

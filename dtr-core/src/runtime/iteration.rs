@@ -37,7 +37,7 @@ use crate::execute::{Cursor, IterationPlan, PlanStep, StepKind};
 use crate::graph::NONE;
 use crate::ids::{StorageId, TensorId};
 use crate::memory::{MemoryModel, Slot};
-use crate::record::{Boundary, Event, Recording, Ref};
+use crate::record::{Boundary, Call, Recording, Ref};
 use crate::stats::{IterationReport, PlanStatus, RuntimeStats};
 
 /// Events one recording may hold; a longer iteration is not recorded (and not
@@ -82,6 +82,10 @@ pub(crate) struct IterationState {
     pub plan: Option<Arc<IterationPlan>>,
     /// Still following `plan` (no divergence yet).
     pub following: bool,
+    /// Calls of this iteration that matched the plan's recording and were
+    /// therefore not recorded one by one: the plan's recording stands for them
+    /// (copied into the recording at a divergence, see [`Runtime::diverge`]).
+    pub matched: usize,
     pub cursor: Cursor,
     /// Simulations log their policy evictions and failed allocations here to
     /// become a plan.
@@ -184,25 +188,25 @@ impl<V> Runtime<V> {
 
     /// A public call starts: record it and check it against the plan. `reads`
     /// are the storages it reads directly.
-    pub(super) fn note(&mut self, make: impl FnOnce(&Self) -> Event, reads: &[StorageId]) {
+    pub(super) fn note(&mut self, call: Call<'_>, reads: &[StorageId]) {
         self.graph.pos = self.iter.pos;
         self.iter.pos += 1;
         if !self.tracking() {
             return;
         }
-        let ev = make(self);
         if self.iter.following {
             let pos = self.graph.pos as usize;
-            let same = self
-                .iter
-                .plan
-                .as_ref()
-                .and_then(|p| p.events.get(pos))
-                .is_some_and(|e| e.same_program(&ev));
-            if !same {
-                self.diverge("the call differs from the recorded iteration");
+            let same = (self.iter.plan.as_ref())
+                .and_then(|p| p.recording.events.get(pos))
+                .is_some_and(|e| call.same_program(e, |t| self.ref_of(t)));
+            if same {
+                // Nothing to record or allocate: the plan's recording holds it.
+                self.iter.matched += 1;
+                return;
             }
+            self.diverge("the call differs from the recorded iteration");
         }
+        let ev = call.to_event(|t| self.ref_of(t));
         let epoch = self.iter.epoch;
         let seqs: Vec<u32> = reads
             .iter()
@@ -264,6 +268,15 @@ impl<V> Runtime<V> {
 
     fn diverge(&mut self, why: &str) {
         if self.iter.following {
+            // The calls that matched were not recorded: the plan's recording
+            // of them is this iteration's up to here.
+            let n = self.iter.matched;
+            if let (Some(rec), Some(plan)) = (self.iter.recording.as_mut(), self.iter.plan.as_ref())
+            {
+                rec.events.extend_from_slice(&plan.recording.events[..n]);
+                rec.reads.extend_from_slice(&plan.recording.reads[..n]);
+            }
+            self.iter.matched = 0;
             self.iter.following = false;
             self.iter.stable_order = false;
             self.iter.divergences += 1;
@@ -414,9 +427,21 @@ impl<V> Runtime<V> {
                 self.graph.st_mut(s).recomputable = false;
             }
         }
+        // An iteration that followed its plan to the end repeated the plan's
+        // recording; one that stopped short of it diverged.
+        let followed_whole = self.iter.following
+            && (self.iter.plan.as_ref())
+                .is_some_and(|p| self.iter.matched == p.recording.events.len());
+        if self.iter.following && !followed_whole {
+            self.diverge("the iteration ended before its plan did");
+        }
         self.iter.epoch += 1;
         let (boundary, residents, live) = self.boundary();
-        let recorded = self.iter.recording.take().map(Arc::new);
+        let own = self.iter.recording.take();
+        let recorded = match (followed_whole, own, self.iter.plan.as_ref()) {
+            (true, Some(_), Some(p)) => Some(p.recording.clone()),
+            (_, own, _) => own.map(Arc::new),
+        };
         if let Some(rec) = recorded.as_ref() {
             if !self.iter.broken && !rec.events.is_empty() {
                 self.iter.last_recording = Some(rec.clone());
@@ -432,11 +457,7 @@ impl<V> Runtime<V> {
             Some(r) if r.start != boundary => PlanStatus::StartDiffers,
             Some(rec) => match previous {
                 // The iteration repeated its plan exactly: the plan stands.
-                Some(p)
-                    if self.iter.divergences == 0
-                        && p.start == boundary
-                        && p.events.len() == rec.events.len() =>
-                {
+                Some(p) if followed_whole && p.recording.start == boundary => {
                     next = Some(p);
                     PlanStatus::Kept
                 }
@@ -460,6 +481,7 @@ impl<V> Runtime<V> {
         self.iter.stable_order = next.is_some();
         self.iter.plan = next;
         self.iter.cursor = Cursor::default();
+        self.iter.matched = 0;
         self.iter.seq_storages.clear();
         self.iter.allocs = 0;
         self.iter.pos = 0;

@@ -22,7 +22,7 @@ use crate::ids::{OpId, Slab, StorageId, TensorId};
 use crate::memory::{AllocFailure, LogicalBudget, MemoryModel, MemoryUsage, Slot};
 use crate::op::{OpHandle, OutputSpec};
 use crate::policy::{make_policy, DecisionView, EvictionPolicy, Request};
-use crate::record::Event;
+use crate::record::Call;
 use crate::rng::SplitMix64;
 use crate::stats::RuntimeStats;
 use iteration::IterationState;
@@ -301,7 +301,7 @@ impl<V> Runtime<V> {
     /// One more handle on `t` (a copy of the name); balance with [`Runtime::release`].
     pub fn retain(&mut self, t: TensorId) -> Result<()> {
         let rec = self.tensor(t)?;
-        self.note(|rt| Event::Retain(rt.ref_of(t)), &[]);
+        self.note(Call::Retain(t), &[]);
         self.tensors[t.index].refs += 1;
         self.graph.st_mut(rec.storage).handles += 1;
         Ok(())
@@ -312,7 +312,7 @@ impl<V> Runtime<V> {
     /// Bring external data in (an input or a parameter): placed in the budget,
     /// never evicted.
     pub fn put(&mut self, value: V, bytes: u64) -> Result<TensorId> {
-        self.note(|_| Event::Put { bytes }, &[]);
+        self.note(Call::Put { bytes }, &[]);
         let slot = self.place_all(&[bytes]).map(|mut v| v.remove(0));
         let slot = self.track(slot)?;
         let s = self.new_storage(bytes, Some(slot), None, 0, false, 0.0);
@@ -363,10 +363,10 @@ impl<V> Runtime<V> {
         }
         self.rescue_from_fragmentation()?;
         self.note(
-            |rt| Event::Apply {
-                name: op.name().to_string(),
-                inputs: inputs.iter().map(|&t| rt.ref_of(t)).collect(),
-                outputs: outputs.to_vec(),
+            Call::Apply {
+                name: op.name(),
+                inputs,
+                outputs,
                 recomputable: op.recomputable(),
                 cost_ns,
             },
@@ -491,10 +491,10 @@ impl<V> Runtime<V> {
             in_storages.push(self.tensor(t)?.storage);
         }
         self.note(
-            |rt| Event::Mutate {
-                name: op.name().to_string(),
-                inputs: inputs.iter().map(|&t| rt.ref_of(t)).collect(),
-                mutated: mutated.to_vec(),
+            Call::Mutate {
+                name: op.name(),
+                inputs,
+                mutated,
                 recomputable: op.recomputable(),
                 cost_ns,
             },
@@ -769,7 +769,7 @@ impl<V> Runtime<V> {
     /// The value of `t`, regenerating its storage if evicted; records a use.
     pub fn access(&mut self, t: TensorId) -> Result<&V> {
         let s = self.tensor(t)?.storage;
-        self.note(|rt| Event::Access(rt.ref_of(t)), &[s]);
+        self.note(Call::Access(t), &[s]);
         let held = self.hold(&[s]);
         self.track(held)?;
         self.graph.st_mut(s).last_used = self.graph.clock;
@@ -783,7 +783,7 @@ impl<V> Runtime<V> {
     /// code outside the runtime).
     pub fn pin(&mut self, t: TensorId) -> Result<()> {
         let s = self.tensor(t)?.storage;
-        self.note(|rt| Event::Pin(rt.ref_of(t)), &[s]);
+        self.note(Call::Pin(t), &[s]);
         let held = self.hold(&[s]);
         self.track(held)?;
         self.graph.st_mut(s).holds -= 1;
@@ -797,7 +797,7 @@ impl<V> Runtime<V> {
         if r.pins <= r.holds {
             return Err(Error::NotPinned(t));
         }
-        self.note(|rt| Event::Unpin(rt.ref_of(t)), &[]);
+        self.note(Call::Unpin(t), &[]);
         self.unpin_storage(s, false);
         Ok(())
     }
@@ -805,7 +805,7 @@ impl<V> Runtime<V> {
     /// Evict `t`'s storage now if it can be (resident, recomputable, unpinned).
     pub fn evict(&mut self, t: TensorId) -> Result<bool> {
         let s = self.tensor(t)?.storage;
-        self.note(|rt| Event::Evict(rt.ref_of(t)), &[]);
+        self.note(Call::Evict(t), &[]);
         if self.graph.eligible(s) || {
             let r = self.graph.st(s);
             r.is_resident() && r.recomputable && r.pins == 0
@@ -823,7 +823,7 @@ impl<V> Runtime<V> {
     /// nothing needs any more.
     pub fn release(&mut self, t: TensorId) -> Result<()> {
         let rec = self.tensor(t)?;
-        self.note(|rt| Event::Release(rt.ref_of(t)), &[]);
+        self.note(Call::Release(t), &[]);
         let tr = &mut self.tensors[t.index];
         tr.refs -= 1;
         let gone = tr.refs == 0;
@@ -1050,7 +1050,7 @@ impl<V> Runtime<V> {
     /// every step.
     pub fn make_root(&mut self, t: TensorId) -> Result<bool> {
         let s = self.tensor(t)?.storage;
-        self.note(|rt| Event::MakeRoot(rt.ref_of(t)), &[]);
+        self.note(Call::MakeRoot(t), &[]);
         let Some(op) = self.graph.st(s).producer else {
             return Ok(false);
         };
