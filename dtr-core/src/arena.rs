@@ -53,12 +53,11 @@ impl ArenaMemory {
         if ptr.checked_add(size).is_none_or(|end| end > self.capacity) {
             return false;
         }
-        let before = self.blocks.range(..=ptr).next_back();
-        if before.is_some_and(|(&p, &s)| p + s > ptr) {
-            return false;
-        }
-        let after = self.blocks.range(ptr..).next();
-        after.is_none_or(|(&p, _)| p >= ptr + size)
+        // Blocks never overlap, so of those starting before the range's end
+        // only the last can reach into it: one walk of the tree.
+        let end = ptr + size;
+        let last = self.blocks.range(..end).next_back();
+        last.is_none_or(|(&p, &s)| p + s <= ptr)
     }
 
     fn place(&mut self, ptr: u64, size: u64, requested: u64) -> Slot {
@@ -339,5 +338,35 @@ mod tests {
         assert!(a.allocate_at(512, 768).is_err());
         assert!(a.allocate_at(512, u64::MAX - 10).is_err());
         assert!(a.allocate_at(512, 512).is_ok());
+    }
+
+    proptest::proptest! {
+        /// `allocate_at` takes a range exactly when it is inside the arena and
+        /// overlaps no live block (checked against a list of blocks).
+        #[test]
+        fn allocate_at_agrees_with_a_list_of_blocks(
+            ops in proptest::collection::vec((0u64..64, 1u64..6, proptest::bool::ANY), 1..200)
+        ) {
+            let cap = 40 * ARENA_ALIGN;
+            let mut a = ArenaMemory::new(cap, 0);
+            let mut live: Vec<Slot> = Vec::new();
+            for (at, len, free) in ops {
+                if free && !live.is_empty() {
+                    let slot = live.remove(at as usize % live.len());
+                    a.free(slot).unwrap();
+                    continue;
+                }
+                let (ptr, size) = (at * ARENA_ALIGN, len * ARENA_ALIGN);
+                let fits = ptr + size <= cap
+                    && live.iter().all(|b| b.ptr + b.size <= ptr || ptr + size <= b.ptr);
+                match a.allocate_at(size, ptr) {
+                    Ok(slot) => {
+                        proptest::prop_assert!(fits, "{ptr}+{size} overlaps {live:?}");
+                        live.push(slot);
+                    }
+                    Err(_) => proptest::prop_assert!(!fits, "{ptr}+{size} refused, free"),
+                }
+            }
+        }
     }
 }
