@@ -442,3 +442,57 @@ fn det_under_threshold_zero_replays_linearly() {
         );
     }
 }
+
+/// One device for every case in a row, as a test suite runs in one process,
+/// under a budget most cases cannot meet: each case must end as it ends alone
+/// on a fresh device. A failure must not poison the device for the next case.
+#[test]
+fn failures_do_not_spread_between_cases_on_one_device() {
+    type Case = fn(&DtrDevice<NdArray>) -> Out;
+    let cases: [(&str, Case); 10] = [
+        ("float_elementwise", float_elementwise::<Ours>),
+        ("float_reductions", float_reductions::<Ours>),
+        ("int_and_bool", int_and_bool::<Ours>),
+        ("matmul_and_linalg", matmul_and_linalg::<Ours>),
+        ("indexing", indexing::<Ours>),
+        ("view_chains", view_chains::<Ours>),
+        ("module_ops", module_ops::<Ours>),
+        ("attention_and_ctc", attention_and_ctc::<Ours>),
+        ("transaction", transaction::<Ours>),
+        ("seeded_random", seeded_random::<Ours>),
+    ];
+    let config = || DtrConfig::default().with_budget(4 << 10);
+    let run = |case: Case, device: &DtrDevice<NdArray>| {
+        // A failed read panics in `into_data`; the panic's text is remat's.
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(device))).is_ok();
+        std::panic::set_hook(hook);
+        let error = device.take_error();
+        ok && error.is_none()
+    };
+    let alone: Vec<bool> = cases
+        .iter()
+        .map(|&(_, case)| {
+            let device = DtrDevice::<NdArray>::new(NdArrayDevice::Cpu, config()).expect("device");
+            run(case, &device)
+        })
+        .collect();
+    eprintln!("alone: {alone:?}");
+    assert!(alone.contains(&true) && alone.contains(&false), "{alone:?}");
+    let shared = DtrDevice::<NdArray>::new(NdArrayDevice::Cpu, config()).expect("device");
+    for (k, &(name, case)) in cases.iter().enumerate() {
+        assert_eq!(
+            run(case, &shared),
+            alone[k],
+            "{name} after the cases before it"
+        );
+        shared.check_invariants().unwrap();
+    }
+    // Cases that fit run again after every failure.
+    for (k, &(name, case)) in cases.iter().enumerate() {
+        if alone[k] {
+            assert!(run(case, &shared), "{name} once more");
+        }
+    }
+}
