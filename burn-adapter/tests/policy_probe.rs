@@ -10,7 +10,10 @@
 //! ```
 //!
 //! `PROBE_SAMPLING=1` turns √N sampling on (default: full scan);
-//! `PROBE_MODE=physical` uses the physical budget mode (default: logical).
+//! `PROBE_MODE=physical` uses the physical budget mode (default: logical);
+//! `PROBE_GRADS=1` reads every gradient as the equivalence test does (their
+//! values stay live until read: a harder budget than training alone); the
+//! last step's iteration report is printed too.
 
 #[path = "common/model.rs"]
 mod model;
@@ -46,7 +49,8 @@ fn losses(d: &Dims, device: &DtrDevice<NdArray>) -> Option<Vec<u32>> {
     let model = TinyNet::<Ours>::new(d, device);
     let _ = param_bits(&model);
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(model, d, 3, false, device, Sealing::new(adam(), device)).losses
+        let grads = std::env::var("PROBE_GRADS").is_ok();
+        train(model, d, 3, grads, device, Sealing::new(adam(), device)).losses
     }))
     .ok()
 }
@@ -91,4 +95,5 @@ fn probe() {
         s.runtime.evictions,
         err.map(|e| e.to_string()).unwrap_or_default()
     );
+    println!("last step: {:?}", s.last_iteration);
 }

@@ -49,7 +49,7 @@ pub trait EvictionPolicy: Send {
 /// The policy for a [`PolicyKind`] with the config's parameters.
 pub fn make_policy(kind: PolicyKind, config: &DtrConfig) -> Box<dyn EvictionPolicy> {
     match kind {
-        PolicyKind::Remat => Box::new(RematPolicy::default()),
+        PolicyKind::Remat => Box::new(RematPolicy::new(!config.sampling)),
         PolicyKind::Dtr => Box::new(ScorePolicy::new(ScoreKind::DtrExact)),
         PolicyKind::DtrEq => Box::new(ScorePolicy::new(ScoreKind::DtrEq)),
         PolicyKind::DtrLocal => Box::new(ScorePolicy::new(ScoreKind::DtrLocal)),
