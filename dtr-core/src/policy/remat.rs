@@ -85,9 +85,6 @@ impl RematPolicy {
     /// Most evicted storages an e* walk visits.
     pub const MAX_REGION: usize = 64;
 
-    /// What stage 3 charges for evicting candidate `s`: its h_DTR numerator
-    /// (bounded exact e* · 1.0001^recomputes) over its staleness, or over 1 while
-    /// the run is thrashing (`use_stale` false).
     /// Rank candidate `s` by h_DTR (bounded exact e* with the recompute
     /// penalty, over bytes and staleness) into `ranked`; returns its score.
     fn rank(
@@ -107,6 +104,9 @@ impl RematPolicy {
         score
     }
 
+    /// What stage 3 charges for evicting candidate `s`: its h_DTR numerator
+    /// (bounded exact e* · 1.0001^recomputes) over its staleness, or over 1 while
+    /// the run is thrashing (`use_stale` false).
     pub(crate) fn block_cost(v: &mut DecisionView<'_>, s: StorageId, use_stale: bool) -> f64 {
         let stale = if use_stale { v.staleness(s) } else { 1.0 };
         v.e_star_bounded(s, Self::MAX_REGION) * 1.0001f64.powi(v.recomputes(s) as i32) / stale
