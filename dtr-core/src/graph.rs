@@ -166,27 +166,7 @@ impl Graph {
     /// 0 evicts every chain whole, and each read of a value evicted between
     /// two uses replays the entire chain behind it (n²/2 replays for LU).
     pub(crate) fn threshold_evictable(&mut self, s: StorageId) -> bool {
-        let mut ns = std::mem::take(&mut self.stack);
-        let mut roots = std::mem::take(&mut self.roots);
-        ns.clear();
-        roots.clear();
-        self.evicted_neighbours(s, &mut ns, true, true);
-        let mut members = 1u32;
-        for &n in &ns {
-            let node = self.st(n).dsu;
-            if node == NONE {
-                members += 1;
-                continue;
-            }
-            let root = self.dsu.find(node);
-            if !roots.contains(&root) {
-                roots.push(root);
-                members += self.dsu.component_members(root).max(1);
-            }
-        }
-        self.stack = ns;
-        self.roots = roots;
-        members <= Self::THRESHOLD_REGION
+        self.adjacent_region(s).1 <= Self::THRESHOLD_REGION
     }
 
     #[inline]
@@ -308,27 +288,37 @@ impl Graph {
     /// h_DTR^eq's e*: own cost plus the summed cost of each distinct evicted
     /// component adjacent to `s` (each clamped to at least the neighbour's own cost).
     pub(crate) fn e_star_eq(&mut self, s: StorageId) -> f64 {
+        self.adjacent_region(s).0
+    }
+
+    /// The evicted region `s` would join if evicted, by the union-find: its
+    /// cost (`s`'s own plus each distinct adjacent component's, clamped to at
+    /// least the neighbour's own cost) and its storages (`s` included).
+    fn adjacent_region(&mut self, s: StorageId) -> (f64, u32) {
         let mut ns = std::mem::take(&mut self.stack);
         let mut roots = std::mem::take(&mut self.roots);
         ns.clear();
         roots.clear();
         self.evicted_neighbours(s, &mut ns, true, true);
-        let mut total = self.st(s).cost;
+        let (mut cost, mut members) = (self.st(s).cost, 1u32);
         for &n in &ns {
             let (node, ncost) = (self.st(n).dsu, self.st(n).cost);
             if node == NONE {
-                total += ncost;
+                cost += ncost;
+                members += 1;
                 continue;
             }
             let root = self.dsu.find(node);
             if !roots.contains(&root) {
                 roots.push(root);
-                total += self.dsu.component_cost(root).max(ncost);
+                let (c, m) = self.dsu.component(root);
+                cost += c.max(ncost);
+                members += m.max(1);
             }
         }
         self.stack = ns;
         self.roots = roots;
-        total
+        (cost, members)
     }
 
     fn next_stamp(&mut self) -> u32 {

@@ -59,12 +59,13 @@ impl UnionFind {
         ra
     }
 
-    /// Evicted storages in `x`'s component now (an over-count where a member
-    /// rematerialized in the middle split it: union-find cannot split).
+    /// The summed cost of `x`'s component and the evicted storages in it now
+    /// (an over-count where a member rematerialized in the middle split it:
+    /// union-find cannot split).
     #[inline]
-    pub fn component_members(&mut self, x: u32) -> u32 {
-        let r = self.find(x);
-        self.members[r as usize]
+    pub fn component(&mut self, x: u32) -> (f64, u32) {
+        let r = self.find(x) as usize;
+        (self.cost[r], self.members[r])
     }
 
     /// The summed cost of `x`'s component.
@@ -107,8 +108,10 @@ mod tests {
         assert_eq!(u.component_cost(c), 4.0);
         u.union(b, c);
         assert_eq!(u.component_cost(a), 7.0);
+        assert_eq!(u.component(a), (7.0, 3));
         u.subtract(b, 2.0);
         assert_eq!(u.component_cost(c), 5.0);
+        assert_eq!(u.component(c), (5.0, 2));
         assert_eq!(u.find(a), u.find(c));
     }
 
