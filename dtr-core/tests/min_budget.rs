@@ -1,24 +1,10 @@
 //! `Runtime::min_feasible_budget`: the smallest budget a recorded iteration
 //! replays under, checked against a brute-force search over real runs.
 
-use std::sync::Arc;
+use remat_dtr::{BudgetMode, DtrConfig, Error, OutputSpec, Runtime, TensorId};
 
-use remat_dtr::{
-    BudgetMode, DtrConfig, Error, FnOp, OpError, OpHandle, OutputSpec, Runtime, TensorId,
-};
-
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z ^ (z >> 31)
-}
-
-fn op(seed: u64, outs: u64) -> Arc<dyn OpHandle<u64>> {
-    Arc::new(FnOp::new(format!("op{seed}"), move |ins: &[&u64]| {
-        let h = ins.iter().fold(seed, |h, v| mix(h, **v));
-        Ok::<_, OpError>((0..outs).map(|k| h ^ k).collect())
-    }))
-}
+mod common;
+use common::op;
 
 /// Layer widths of the small model (bytes of each activation).
 const LAYERS: [u64; 6] = [1024, 3072, 2048, 4096, 1536, 2560];

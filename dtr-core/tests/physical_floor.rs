@@ -3,30 +3,12 @@
 //! floor plus a stated margin (512 B per resident storage: the arena's
 //! rounding), and an impossible budget names its true cause.
 
-use std::sync::Arc;
-
 use remat_dtr::{
-    BudgetMode, DtrConfig, Error, FnOp, ImpossibleCause, OpError, OpHandle, OutputSpec, PolicyKind,
-    Runtime, TensorId,
+    BudgetMode, DtrConfig, Error, ImpossibleCause, OutputSpec, PolicyKind, Runtime, TensorId,
 };
 
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z ^ (z >> 31)
-}
-
-/// An op of `seed` with `outs` outputs, each a hash of the inputs.
-fn op_n(seed: u64, outs: u64) -> Arc<dyn OpHandle<u64>> {
-    Arc::new(FnOp::new(format!("op{seed}"), move |ins: &[&u64]| {
-        let h = ins.iter().fold(seed, |h, v| mix(h, **v));
-        Ok::<_, OpError>((0..outs).map(|k| h ^ k).collect())
-    }))
-}
-
-fn op(seed: u64) -> Arc<dyn OpHandle<u64>> {
-    op_n(seed, 1)
-}
+mod common;
+use common::{mix, op};
 
 /// A small MLP-shaped training step: parameters (never evicted), a forward
 /// chain whose activations the backward pass reads in reverse, and gradients.
@@ -39,7 +21,7 @@ fn train_step(rt: &mut Runtime<u64>, sizes: &[u64]) -> Result<u64, Error> {
     for (k, &bytes) in sizes.iter().enumerate() {
         let x = *acts.last().unwrap();
         let y = rt.apply(
-            op(k as u64),
+            op(k as u64, 1),
             &[x, params[k]],
             &[OutputSpec::fresh(bytes)],
             10,
@@ -55,7 +37,7 @@ fn train_step(rt: &mut Runtime<u64>, sizes: &[u64]) -> Result<u64, Error> {
             OutputSpec::fresh(600 + 40 * k as u64),
             OutputSpec::fresh(rt.bytes(a)?),
         ];
-        let g = rt.apply(op_n(1000 + k as u64, 2), &[grad, a, params[k]], &outs, 20)?;
+        let g = rt.apply(op(1000 + k as u64, 2), &[grad, a, params[k]], &outs, 20)?;
         grads.push(g[0]);
         rt.release(grad)?;
         grad = g[1];
@@ -144,11 +126,14 @@ fn a_tiny_op_fits_a_tiny_physical_budget() {
     let mut rt = runtime(BudgetMode::Physical, Some(4 << 10));
     let mut t = rt.put(1, 24).unwrap();
     for k in 0..50 {
-        t = rt.apply(op(k), &[t], &[OutputSpec::fresh(24)], 1).unwrap()[0];
+        t = rt
+            .apply(op(k, 1), &[t], &[OutputSpec::fresh(24)], 1)
+            .unwrap()[0];
     }
+    // Each op's one output is `mix(mix(seed, input), 0)` (see `common::op`).
     let mut expect = 1;
     for k in 0..50 {
-        expect = mix(k, expect);
+        expect = mix(mix(k, expect), 0);
     }
     assert_eq!(*rt.access(t).unwrap(), expect);
     assert_eq!(rt.stats().arena_fallbacks, 1);
@@ -161,7 +146,7 @@ fn an_impossible_budget_names_its_true_cause() {
     // The request alone.
     let mut rt = runtime(BudgetMode::Physical, Some(1 << 20));
     let x = rt.put(1, 100).unwrap();
-    match rt.apply(op(1), &[x], &[OutputSpec::fresh(2 << 20)], 1) {
+    match rt.apply(op(1, 1), &[x], &[OutputSpec::fresh(2 << 20)], 1) {
         Err(Error::ImpossibleBudget(b)) => {
             assert_eq!(b.cause, ImpossibleCause::RequestExceedsBudget, "{b}");
             assert!(b
@@ -174,7 +159,7 @@ fn an_impossible_budget_names_its_true_cause() {
     // although nothing but them is resident.
     let mut rt = runtime(BudgetMode::Physical, Some(1 << 20));
     let _p = rt.put(1, 900 << 10).unwrap();
-    match rt.apply(op(1), &[_p], &[OutputSpec::fresh(200 << 10)], 1) {
+    match rt.apply(op(1, 1), &[_p], &[OutputSpec::fresh(200 << 10)], 1) {
         Err(Error::ImpossibleBudget(b)) => {
             assert_eq!(b.cause, ImpossibleCause::WorkingSetExceedsBudget, "{b}");
             assert_eq!(b.not_recomputable, 900 << 10);
@@ -185,7 +170,7 @@ fn an_impossible_budget_names_its_true_cause() {
     // 512 B blocks (3 584 + 1 024 B): the rounding is named.
     let mut small = runtime(BudgetMode::Physical, Some(4 << 10));
     let ins: Vec<_> = (0..7).map(|k| small.put(k, 500).unwrap()).collect();
-    match small.apply(op(3), &ins, &[OutputSpec::fresh(550)], 1) {
+    match small.apply(op(3, 1), &ins, &[OutputSpec::fresh(550)], 1) {
         Err(Error::ImpossibleBudget(b)) => {
             assert_eq!(b.cause, ImpossibleCause::Rounding, "{b}");
             assert!(b.to_string().contains("rounded"), "{b}");
@@ -193,7 +178,7 @@ fn an_impossible_budget_names_its_true_cause() {
         other => panic!("{other:?}"),
     }
     // The device stays usable after the failure.
-    let y = rt.apply(op(2), &[_p], &[OutputSpec::fresh(100 << 10)], 1);
+    let y = rt.apply(op(2, 1), &[_p], &[OutputSpec::fresh(100 << 10)], 1);
     assert!(y.is_ok(), "{y:?}");
     rt.check_invariants().unwrap();
 }

@@ -4,22 +4,12 @@
 use std::sync::Arc;
 
 use remat_dtr::{
-    AllocatorConfig, BudgetMode, DtrConfig, Error, FnOp, OpError, OpHandle, OutputSpec, PolicyKind,
+    AllocatorConfig, BudgetMode, DtrConfig, Error, OpError, OpHandle, OutputSpec, PolicyKind,
     Runtime,
 };
 
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z ^ (z >> 31)
-}
-
-fn op(seed: u64, outs: usize) -> Arc<dyn OpHandle<u64>> {
-    Arc::new(FnOp::new(format!("op{seed}"), move |ins: &[&u64]| {
-        let h = ins.iter().fold(seed, |h, v| mix(h, **v));
-        Ok::<_, OpError>((0..outs as u64).map(|k| mix(h, k)).collect())
-    }))
-}
+mod common;
+use common::{mix, op};
 
 struct Once;
 impl OpHandle<u64> for Once {
@@ -291,16 +281,21 @@ fn threshold_trigger_evicts_before_ops() {
     rt.check_invariants().unwrap();
 }
 
-/// A chain of `n` ops under `threshold:0` (before each op, evict every storage
-/// that one op can regenerate from resident inputs), driven the way an adapter
-/// drives it: pin the input (regenerating it if evicted), compute outside the
-/// runtime, unpin, then `record`. Every link is read once more at the end.
-fn threshold_zero_chain(n: u64, policy: PolicyKind, record: bool) -> (u64, u64) {
+/// A runtime under `threshold:0`: before each op, evict what the trigger may
+/// (not the op's inputs, and no evicted region past 8 storages).
+fn threshold_zero(policy: PolicyKind) -> Runtime<u64> {
     let c = DtrConfig::default()
         .with_budget_mode(BudgetMode::Logical)
         .with_threshold(Some(0))
         .with_policy(policy);
-    let mut rt: Runtime<u64> = Runtime::new(c).unwrap();
+    Runtime::new(c).unwrap()
+}
+
+/// A chain of `n` ops under `threshold:0`, driven the way an adapter drives
+/// it: pin the input (regenerating it if evicted), compute outside the
+/// runtime, unpin, then `record`. Every link is read once more at the end.
+fn threshold_zero_chain(n: u64, policy: PolicyKind, record: bool) -> (u64, u64) {
+    let mut rt = threshold_zero(policy);
     let mut t = rt.put(1, 64).unwrap();
     let mut links = vec![(t, 1u64)];
     for i in 0..n {
@@ -331,11 +326,7 @@ fn threshold_zero_chain(n: u64, policy: PolicyKind, record: bool) -> (u64, u64) 
 /// (`y = f(x)`, `z = g(y)`, `x' = h(x, z)`). Under `threshold:0` the running value
 /// is evicted between its two reads.
 fn threshold_zero_reread(n: u64, policy: PolicyKind) -> u64 {
-    let c = DtrConfig::default()
-        .with_budget_mode(BudgetMode::Logical)
-        .with_threshold(Some(0))
-        .with_policy(policy);
-    let mut rt: Runtime<u64> = Runtime::new(c).unwrap();
+    let mut rt = threshold_zero(policy);
     let mut x = rt.put(1, 64).unwrap();
     let mut expect = 1u64;
     for i in 0..n {
