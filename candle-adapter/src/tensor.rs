@@ -1004,6 +1004,27 @@ impl RTensor {
             (false, false) => self.matmul(rhs),
         }
     }
+    /// A convolution in `groups` groups, as candle composes it: the input
+    /// chunked on its channels and the kernel on its outputs, `single` per
+    /// group, the results concatenated; `single` alone when `groups` is 1.
+    fn grouped(
+        &self,
+        op: &'static str,
+        kernel: &RTensor,
+        groups: usize,
+        single: impl Fn(&RTensor, &RTensor) -> Result<RTensor>,
+    ) -> Result<RTensor> {
+        self.check_groups(op, kernel, groups)?;
+        if groups == 1 {
+            return single(self, kernel);
+        }
+        let blocks = self.chunk(groups, 1)?;
+        let kernels = kernel.chunk(groups, 0)?;
+        let outs = (blocks.iter().zip(&kernels))
+            .map(|(b, k)| single(b, k))
+            .collect::<Result<Vec<_>>>()?;
+        Self::cat(&outs, 1)
+    }
     /// Checks candle makes before a grouped convolution, as a typed error.
     fn check_groups(&self, op: &'static str, kernel: &RTensor, groups: usize) -> Result<()> {
         let c_in = self.dim(1)?;
@@ -1030,18 +1051,9 @@ impl RTensor {
         dilation: usize,
         groups: usize,
     ) -> Result<RTensor> {
-        self.check_groups("conv1d", kernel, groups)?;
-        if groups == 1 {
-            return self.conv1d_single(kernel, padding, stride, dilation);
-        }
-        let blocks = self.chunk(groups, 1)?;
-        let kernels = kernel.chunk(groups, 0)?;
-        let outs = blocks
-            .iter()
-            .zip(&kernels)
-            .map(|(b, k)| b.conv1d_single(k, padding, stride, dilation))
-            .collect::<Result<Vec<_>>>()?;
-        Self::cat(&outs, 1)
+        self.grouped("conv1d", kernel, groups, |x, k| {
+            x.conv1d_single(k, padding, stride, dilation)
+        })
     }
     fn conv1d_single(
         &self,
@@ -1088,18 +1100,9 @@ impl RTensor {
         dilation: usize,
         groups: usize,
     ) -> Result<RTensor> {
-        self.check_groups("conv2d", kernel, groups)?;
-        if groups == 1 {
-            return self.conv2d_single(kernel, padding, stride, dilation);
-        }
-        let blocks = self.chunk(groups, 1)?;
-        let kernels = kernel.chunk(groups, 0)?;
-        let outs = blocks
-            .iter()
-            .zip(&kernels)
-            .map(|(b, k)| b.conv2d_single(k, padding, stride, dilation))
-            .collect::<Result<Vec<_>>>()?;
-        Self::cat(&outs, 1)
+        self.grouped("conv2d", kernel, groups, |x, k| {
+            x.conv2d_single(k, padding, stride, dilation)
+        })
     }
     fn conv2d_single(
         &self,
