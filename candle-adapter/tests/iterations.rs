@@ -7,9 +7,9 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
-use common::{bits, rand};
+use common::{bits, logical_remat, rand};
 use remat_candle::nn::{self, loss, Module};
-use remat_candle::{BudgetMode, CandleErrorExt, DtrConfig, IterationReport, Remat, RematConfig};
+use remat_candle::{CandleErrorExt, IterationReport, Remat};
 
 #[test]
 fn a_value_evicted_before_end_iteration_is_stale_after_it() {
@@ -51,13 +51,7 @@ fn train(
     steps: usize,
     floor_at: Option<f64>,
 ) -> (Vec<u32>, Vec<IterationReport>, u64, Option<u64>) {
-    let dtr = DtrConfig::default().with_budget_mode(BudgetMode::Logical);
-    let cfg = RematConfig::new().with_dtr(dtr);
-    let cfg = match budget {
-        Some(b) => cfg.with_budget_bytes(b),
-        None => cfg,
-    };
-    let remat = Remat::new(cfg).unwrap();
+    let remat = logical_remat(budget);
     if floor_at.is_some() {
         remat.record_iterations().unwrap();
     }

@@ -9,10 +9,9 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Module as _, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use common::{bits, rand};
+use common::{bits, logical_remat, rand};
 use remat_candle::nn::{self, loss, Module};
-use remat_candle::{RTensor, Remat, RematConfig};
-use remat_dtr::{BudgetMode, DtrConfig};
+use remat_candle::{RTensor, Remat};
 
 const STEPS: usize = 4;
 
@@ -51,13 +50,7 @@ fn initial<M: Model>() -> HashMap<String, Tensor> {
 }
 
 fn train<M: Model>(init: &HashMap<String, Tensor>, budget: Option<u64>) -> Run {
-    let dtr = DtrConfig::default().with_budget_mode(BudgetMode::Logical);
-    let cfg = RematConfig::new().with_dtr(dtr);
-    let cfg = match budget {
-        Some(b) => cfg.with_budget_bytes(b),
-        None => cfg,
-    };
-    let remat = Remat::new(cfg).unwrap();
+    let remat = logical_remat(budget);
     let varmap = VarMap::new();
     let model = M::build(
         &remat,

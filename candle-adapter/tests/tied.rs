@@ -12,9 +12,9 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use common::{bits, rand};
+use common::{bits, logical_remat, rand};
 use remat_candle::nn;
-use remat_candle::{BudgetMode, DtrConfig, Remat, RematConfig};
+use remat_candle::Remat;
 
 #[path = "../examples/shared/lm.rs"]
 mod lm;
@@ -113,13 +113,7 @@ fn train_plain(init: &HashMap<String, Tensor>) -> Run {
 }
 
 fn train_remat(init: &HashMap<String, Tensor>, budget: Option<u64>) -> Run {
-    let dtr = DtrConfig::default().with_budget_mode(BudgetMode::Logical);
-    let cfg = RematConfig::new().with_dtr(dtr);
-    let cfg = match budget {
-        Some(b) => cfg.with_budget_bytes(b),
-        None => cfg,
-    };
-    let remat = Remat::new(cfg).unwrap();
+    let remat = logical_remat(budget);
     let varmap = VarMap::new();
     let model = Lm::new(
         CFG,

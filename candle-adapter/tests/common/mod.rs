@@ -44,3 +44,15 @@ pub fn bits(t: &Tensor) -> Vec<u64> {
             .collect(),
     }
 }
+
+/// A context under a logical budget of `budget` bytes (`None`: unbounded).
+pub fn logical_remat(budget: Option<u64>) -> remat_candle::Remat {
+    let dtr =
+        remat_candle::DtrConfig::default().with_budget_mode(remat_candle::BudgetMode::Logical);
+    let cfg = remat_candle::RematConfig::new().with_dtr(dtr);
+    let cfg = match budget {
+        Some(b) => cfg.with_budget_bytes(b),
+        None => cfg,
+    };
+    remat_candle::Remat::new(cfg).unwrap()
+}
