@@ -71,6 +71,8 @@ pub(crate) struct Block {
     /// life; 0 while the block is not allocated. A handle must carry the same
     /// serial, so validating it is one compare and stale handles are rejected.
     pub serial: u64,
+    /// In the arena (false: a dead slot waiting for reuse).
+    pub live: bool,
 }
 
 impl Block {
@@ -90,6 +92,7 @@ impl Block {
             gc_count_base: 0,
             expandable: None,
             serial: 0,
+            live: false,
         }
     }
 
@@ -104,38 +107,56 @@ impl Block {
     }
 }
 
-/// Slab of blocks addressed by [`BlockId`].
+/// Slab of blocks addressed by [`BlockId`]. A removed block's slot stays in
+/// place (marked dead, its allocation serial 0) until an insert reuses it, so
+/// indexing is one bounds check and neither insert nor remove moves a whole
+/// block through an `Option`.
 #[derive(Debug, Default)]
 pub(crate) struct BlockArena {
-    slots: Vec<Option<Block>>,
+    slots: Vec<Block>,
     vacant: Vec<u32>,
     live: usize,
 }
 
 impl BlockArena {
-    pub(crate) fn insert(&mut self, b: Block) -> BlockId {
+    #[inline]
+    pub(crate) fn insert(&mut self, mut b: Block) -> BlockId {
         self.live += 1;
+        b.live = true;
         if let Some(i) = self.vacant.pop() {
-            self.slots[i as usize] = Some(b);
+            self.slots[i as usize] = b;
             BlockId(i)
         } else {
-            self.slots.push(Some(b));
+            self.slots.push(b);
             BlockId((self.slots.len() - 1) as u32)
         }
     }
 
-    pub(crate) fn remove(&mut self, id: BlockId) -> Block {
-        let b = self.slots[id.0 as usize]
-            .take()
-            .unwrap_or_else(|| panic!("remove of dead block {id:?}: this is a bug"));
+    /// Removes a free block; the slot keeps its last contents (dead) until reused.
+    #[inline]
+    pub(crate) fn remove(&mut self, id: BlockId) {
+        let b = &mut self.slots[id.0 as usize];
+        assert!(b.live, "remove of dead block {id:?}: this is a bug");
+        debug_assert_eq!(b.serial, 0, "remove of an allocated block {id:?}");
+        b.live = false;
+        b.serial = 0;
         self.vacant.push(id.0);
         self.live -= 1;
-        b
     }
 
     /// The block, or `None` when the id is vacant or out of range.
+    #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn try_get(&self, id: BlockId) -> Option<&Block> {
-        self.slots.get(id.0 as usize).and_then(|s| s.as_ref())
+        self.slots.get(id.0 as usize).filter(|b| b.live)
+    }
+
+    /// True when `id` is a live block allocated under `serial` (≠ 0): one bounds
+    /// check and one compare, as dead and free slots carry serial 0.
+    #[inline]
+    pub(crate) fn holds_allocation(&self, id: BlockId, serial: u64) -> bool {
+        self.slots
+            .get(id.0 as usize)
+            .is_some_and(|b| b.serial == serial)
     }
 
     pub(crate) fn live(&self) -> usize {
@@ -146,27 +167,26 @@ impl BlockArena {
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|b| (BlockId(i as u32), b)))
+            .filter(|(_, b)| b.live)
+            .map(|(i, b)| (BlockId(i as u32), b))
     }
 }
 
 impl std::ops::Index<BlockId> for BlockArena {
     type Output = Block;
-    #[inline]
+    #[inline(always)]
     fn index(&self, id: BlockId) -> &Block {
-        match &self.slots[id.0 as usize] {
-            Some(b) => b,
-            None => panic!("dead block {id:?}: this is a bug in remat-alloc"),
-        }
+        let b = &self.slots[id.0 as usize];
+        debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
+        b
     }
 }
 
 impl std::ops::IndexMut<BlockId> for BlockArena {
-    #[inline]
+    #[inline(always)]
     fn index_mut(&mut self, id: BlockId) -> &mut Block {
-        match &mut self.slots[id.0 as usize] {
-            Some(b) => b,
-            None => panic!("dead block {id:?}: this is a bug in remat-alloc"),
-        }
+        let b = &mut self.slots[id.0 as usize];
+        debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
+        b
     }
 }

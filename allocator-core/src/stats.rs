@@ -150,6 +150,7 @@ pub struct DeviceStats {
 }
 
 impl DeviceStats {
+    #[cfg(test)]
     pub(crate) fn new(max_split_size: usize) -> Self {
         DeviceStats {
             max_split_size: i64::try_from(max_split_size).unwrap_or(-1),
@@ -258,6 +259,207 @@ impl fmt::Display for DeviceStats {
     }
 }
 
+/// The hot-path form of one pool's [`Stat`]: `freed` is not stored but derived
+/// (`base + allocated - current`, where `base` is `current` at the last
+/// accumulated reset), so a decrease is a single subtraction.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counter {
+    current: i64,
+    allocated: i64,
+    peak: i64,
+    base: i64,
+}
+
+impl Counter {
+    #[inline]
+    pub(crate) fn increase(&mut self, n: i64) {
+        self.current += n;
+        self.allocated += n;
+        self.peak = self.peak.max(self.current);
+    }
+
+    #[inline]
+    pub(crate) fn decrease(&mut self, n: i64) {
+        self.current -= n;
+        debug_assert!(self.current >= 0, "stat went negative: {self:?} after -{n}");
+    }
+
+    fn stat(&self) -> Stat {
+        Stat {
+            current: self.current,
+            peak: self.peak,
+            allocated: self.allocated,
+            freed: self.base + self.allocated - self.current,
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.base = self.current;
+    }
+}
+
+/// The hot-path form of a [`StatArray`]: the two pools' counters and the peak
+/// of their sum; `all`'s current, allocated and freed are the pools' sums, so
+/// they are added up when read instead of on every update.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CounterArray {
+    /// `[small, large]`.
+    pools: [Counter; 2],
+    all_peak: i64,
+}
+
+impl CounterArray {
+    /// Increases the pool's counter (and so `all`).
+    #[inline]
+    pub(crate) fn increase(&mut self, small: bool, n: i64) {
+        self.pools[usize::from(!small)].increase(n);
+        let all = self.pools[0].current + self.pools[1].current;
+        self.all_peak = self.all_peak.max(all);
+    }
+
+    /// Decreases the pool's counter (and so `all`).
+    #[inline]
+    pub(crate) fn decrease(&mut self, small: bool, n: i64) {
+        self.pools[usize::from(!small)].decrease(n);
+    }
+
+    /// Applies a signed change (`increase` for n > 0, `decrease` for n < 0).
+    #[inline]
+    pub(crate) fn add_signed(&mut self, small: bool, n: i64) {
+        if n > 0 {
+            self.increase(small, n)
+        } else if n < 0 {
+            self.decrease(small, -n)
+        }
+    }
+
+    /// `all.current`.
+    #[inline]
+    pub(crate) fn all_current(&self) -> i64 {
+        self.pools[0].current + self.pools[1].current
+    }
+
+    fn stats(&self) -> StatArray {
+        let (small, large) = (self.pools[0].stat(), self.pools[1].stat());
+        StatArray {
+            all: Stat {
+                current: small.current + large.current,
+                peak: self.all_peak,
+                allocated: small.allocated + large.allocated,
+                freed: small.freed + large.freed,
+            },
+            small_pool: small,
+            large_pool: large,
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.pools.iter_mut().for_each(Counter::reset_peak);
+        self.all_peak = self.all_current();
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.pools.iter_mut().for_each(Counter::reset_accumulated);
+    }
+}
+
+/// The statistics as the allocator keeps them: plain adds on the hot path,
+/// [`DeviceStats`] built when they are read ([`Counters::device_stats`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counters {
+    pub allocation: CounterArray,
+    pub allocated_bytes: CounterArray,
+    pub active: CounterArray,
+    pub active_bytes: CounterArray,
+    pub requested_bytes: CounterArray,
+    pub inactive_split: CounterArray,
+    pub inactive_split_bytes: CounterArray,
+    pub segment: CounterArray,
+    pub reserved_bytes: CounterArray,
+    pub oversize_allocations: Counter,
+    pub oversize_segments: Counter,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    pub num_sync_all_streams: i64,
+    pub num_device_alloc: i64,
+    pub num_device_free: i64,
+    pub max_split_size: i64,
+}
+
+impl Counters {
+    pub(crate) fn new(max_split_size: usize) -> Self {
+        Counters {
+            max_split_size: i64::try_from(max_split_size).unwrap_or(-1),
+            ..Default::default()
+        }
+    }
+
+    fn arrays_mut(&mut self) -> [&mut CounterArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.allocated_bytes,
+            &mut self.active,
+            &mut self.active_bytes,
+            &mut self.requested_bytes,
+            &mut self.inactive_split,
+            &mut self.inactive_split_bytes,
+            &mut self.segment,
+            &mut self.reserved_bytes,
+        ]
+    }
+
+    /// The statistics in PyTorch's form.
+    pub(crate) fn device_stats(&self) -> DeviceStats {
+        DeviceStats {
+            allocation: self.allocation.stats(),
+            segment: self.segment.stats(),
+            active: self.active.stats(),
+            inactive_split: self.inactive_split.stats(),
+            allocated_bytes: self.allocated_bytes.stats(),
+            reserved_bytes: self.reserved_bytes.stats(),
+            active_bytes: self.active_bytes.stats(),
+            inactive_split_bytes: self.inactive_split_bytes.stats(),
+            requested_bytes: self.requested_bytes.stats(),
+            oversize_allocations: self.oversize_allocations.stat(),
+            oversize_segments: self.oversize_segments.stat(),
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+            max_split_size: self.max_split_size,
+        }
+    }
+
+    /// As [`DeviceStats::reset_peak`].
+    pub(crate) fn reset_peak(&mut self) {
+        self.arrays_mut()
+            .into_iter()
+            .for_each(CounterArray::reset_peak);
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// As [`DeviceStats::reset_accumulated`].
+    pub(crate) fn reset_accumulated(&mut self) {
+        self.arrays_mut()
+            .into_iter()
+            .for_each(CounterArray::reset_accumulated);
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,5 +496,54 @@ mod tests {
         assert_eq!(s.reserved_bytes.all.current, 40);
         assert_eq!(s.num_ooms, 0);
         assert_eq!(s.max_split_size, 64 << 20);
+    }
+
+    /// The counters against [`DeviceStats`] updated the plain way, on random
+    /// increases, decreases and resets: every materialized stat agrees.
+    #[test]
+    fn counters_match_plain_stats() {
+        let mut state = 0x9e37_79b9_u64;
+        let mut rand = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut plain = DeviceStats::new(1 << 30);
+        let mut c = Counters::new(1 << 30);
+        for _ in 0..100_000 {
+            let small = rand() % 2 == 0;
+            let n = (rand() % 1000) as i64;
+            match rand() % 20 {
+                0 => {
+                    plain.reset_peak();
+                    c.reset_peak();
+                }
+                1 => {
+                    plain.reset_accumulated();
+                    c.reset_accumulated();
+                }
+                2..=10 => {
+                    plain.active_bytes.increase(small, n);
+                    c.active_bytes.increase(small, n);
+                    plain.oversize_segments.increase(n);
+                    c.oversize_segments.increase(n);
+                }
+                _ => {
+                    let pool = if small {
+                        plain.active_bytes.small_pool
+                    } else {
+                        plain.active_bytes.large_pool
+                    };
+                    let n = n.min(pool.current);
+                    plain.active_bytes.add_signed(small, -n);
+                    c.active_bytes.add_signed(small, -n);
+                    let n = n.min(plain.oversize_segments.current);
+                    plain.oversize_segments.decrease(n);
+                    c.oversize_segments.decrease(n);
+                }
+            }
+            assert_eq!(c.device_stats(), plain);
+        }
     }
 }

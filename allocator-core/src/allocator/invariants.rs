@@ -244,7 +244,7 @@ impl State {
             ensure!(pages == blocks, "expandable segment {:#x}: {pages} bytes of mapped pages but {blocks} bytes of mapped blocks", seg.base);
         }
 
-        let s: &DeviceStats = &self.stats;
+        let s: &DeviceStats = &self.stats.device_stats();
         check_array("segment", &s.segment, rc.segment)?;
         check_array("reserved_bytes", &s.reserved_bytes, rc.reserved)?;
         check_array("allocation", &s.allocation, rc.allocation)?;

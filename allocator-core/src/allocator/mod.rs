@@ -23,6 +23,7 @@ use crate::stats::DeviceStats;
 use crate::sync::{lock, next_instance_id, Arc, Mutex, MutexGuard};
 use crate::Result;
 use state::{Request, State};
+use std::cell::OnceCell;
 
 /// A live allocation. The handle is enough to free in O(1); it records the
 /// allocator that issued it and the allocation's serial number, so freeing it
@@ -121,8 +122,8 @@ impl<D: Device> std::fmt::Debug for CachingAllocator<D> {
         f.debug_struct("CachingAllocator")
             .field("id", &self.id)
             .field("config", &st.config)
-            .field("reserved", &st.stats.reserved_bytes.all.current)
-            .field("allocated", &st.stats.allocated_bytes.all.current)
+            .field("reserved", &st.stats.reserved_bytes.all_current())
+            .field("allocated", &st.stats.allocated_bytes.all_current())
             .finish()
     }
 }
@@ -404,6 +405,7 @@ impl<D: Device> CachingAllocator<D> {
         f(&AllocatorView {
             st: &st,
             owner: self.id,
+            stats: OnceCell::new(),
         })
     }
 
@@ -434,17 +436,17 @@ impl<D: Device> CachingAllocator<D> {
 
     /// A copy of the statistics.
     pub fn stats(&self) -> DeviceStats {
-        lock(&self.state).stats.clone()
+        lock(&self.state).stats.device_stats()
     }
 
     /// `allocated_bytes.all.current`.
     pub fn memory_allocated(&self) -> usize {
-        lock(&self.state).stats.allocated_bytes.all.current as usize
+        lock(&self.state).stats.allocated_bytes.all_current() as usize
     }
 
     /// `reserved_bytes.all.current`.
     pub fn memory_reserved(&self) -> usize {
-        lock(&self.state).stats.reserved_bytes.all.current as usize
+        lock(&self.state).stats.reserved_bytes.all_current() as usize
     }
 
     /// Sets every peak to its current value.
@@ -460,7 +462,7 @@ impl<D: Device> CachingAllocator<D> {
     /// A table like `torch.cuda.memory_summary()`.
     pub fn memory_summary(&self) -> String {
         let st = lock(&self.state);
-        crate::summary::memory_summary(&st.stats, st.device_kind, st.device_index)
+        crate::summary::memory_summary(&st.stats.device_stats(), st.device_kind, st.device_index)
     }
 
     /// Segments with their blocks, the trace (if recording) and the settings.
@@ -571,15 +573,18 @@ fn resolve(st: &State, owner: u32, a: &Allocation) -> Result<BlockId> {
     }
     // Serials are unique and a block carries one only while allocated (0
     // otherwise), so one compare proves the slot holds this very allocation.
-    match st.blocks.try_get(a.block) {
-        Some(b) if b.serial == a.serial => {
-            debug_assert!(b.allocated && b.ptr == a.ptr, "serial {} reused", a.serial);
-            Ok(a.block)
-        }
-        _ => Err(Error::InvalidHandle {
+    if st.blocks.holds_allocation(a.block, a.serial) {
+        debug_assert!(
+            st.blocks[a.block].allocated && st.blocks[a.block].ptr == a.ptr,
+            "serial {} reused",
+            a.serial
+        );
+        Ok(a.block)
+    } else {
+        Err(Error::InvalidHandle {
             ptr: a.ptr,
             reason: "not a live allocation (already freed?)",
-        }),
+        })
     }
 }
 
@@ -588,6 +593,8 @@ fn resolve(st: &State, owner: u32, a: &Allocation) -> Result<BlockId> {
 pub struct AllocatorView<'a> {
     st: &'a State,
     owner: u32,
+    /// The statistics in PyTorch's form, built on the first [`AllocatorView::stats`].
+    stats: OnceCell<DeviceStats>,
 }
 
 impl AllocatorView<'_> {
@@ -606,7 +613,7 @@ impl AllocatorView<'_> {
 
     /// The statistics.
     pub fn stats(&self) -> &DeviceStats {
-        &self.st.stats
+        self.stats.get_or_init(|| self.st.stats.device_stats())
     }
 }
 
@@ -710,6 +717,7 @@ impl<'a, D: Device> AllocatorBatch<'a, D> {
         AllocatorView {
             st: self.state(),
             owner,
+            stats: OnceCell::new(),
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::size::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 use crate::snapshot::{
     BlockSnapshot, BlockState, HistoryConfig, SegmentSnapshot, Snapshot, TraceAction, TraceEntry,
 };
-use crate::stats::DeviceStats;
+use crate::stats::Counters;
 use crate::Result;
 
 /// A request after rounding: what is searched for and what a new segment costs.
@@ -88,7 +88,7 @@ pub(crate) struct State {
     pub blocks: BlockArena,
     pub small: BlockPool,
     pub large: BlockPool,
-    pub stats: DeviceStats,
+    pub stats: Counters,
     /// Bytes reserved from the device over all pools (= `reserved_bytes.all.current`).
     pub total_allocated_memory: usize,
     /// The memory-fraction limit on reserved bytes.
@@ -121,7 +121,7 @@ impl State {
     ) -> State {
         let config_max_split = config.max_split_size;
         State {
-            stats: DeviceStats::new(config.max_split_size),
+            stats: Counters::new(config.max_split_size),
             config,
             blocks: BlockArena::default(),
             small: BlockPool::new(),
@@ -567,30 +567,29 @@ impl State {
         if !s.is_free() || s.mapped != self.blocks[dst].mapped {
             return 0;
         }
+        let (s_ptr, s_size, s_prev, s_next) = (s.ptr, s.size, s.prev, s.next);
         if s.mapped {
             self.remove_from_blocks(src);
         } else {
             self.remove_unmapped(src);
         }
-        let s = self.blocks.remove(src);
-        let d_prev = self.blocks[dst].prev;
-        if d_prev == Some(src) {
-            let d = &mut self.blocks[dst];
-            d.ptr = s.ptr;
-            d.prev = s.prev;
-            d.size += s.size;
-            if let Some(p) = s.prev {
+        self.blocks.remove(src);
+        let d = &mut self.blocks[dst];
+        if d.prev == Some(src) {
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            d.size += s_size;
+            if let Some(p) = s_prev {
                 self.blocks[p].next = Some(dst);
             }
         } else {
-            let d = &mut self.blocks[dst];
-            d.next = s.next;
-            d.size += s.size;
-            if let Some(n) = s.next {
+            d.next = s_next;
+            d.size += s_size;
+            if let Some(n) = s_next {
                 self.blocks[n].prev = Some(dst);
             }
         }
-        s.size
+        s_size
     }
 
     /// Free bytes just below and above an allocated block: two neighbour reads.
@@ -794,8 +793,8 @@ impl State {
             total_capacity: info.total,
             device_free: info.free,
             allowed: self.allowed_memory_maximum,
-            allocated: self.stats.allocated_bytes.all.current as usize,
-            reserved: self.stats.reserved_bytes.all.current as usize,
+            allocated: self.stats.allocated_bytes.all_current() as usize,
+            reserved: self.stats.reserved_bytes.all_current() as usize,
             max_split_size: self.config.max_split_size,
             expandable_segments: self.expandable_active(),
         })
