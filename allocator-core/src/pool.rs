@@ -353,7 +353,7 @@ impl BlockPool {
 
     /// Removes the entry at `slot`, from [`BlockPool::best_fit`] with no change
     /// to the pool since.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove_slot(&mut self, slot: Slot) {
         let index = &mut self.streams[slot.stream as usize];
         let bin = &mut index.bins[slot.bin as usize];
@@ -366,6 +366,47 @@ impl BlockPool {
             index.unmark(slot.bin as usize);
         }
         self.len -= 1;
+    }
+
+    /// Where the entry of `(stream, size, ptr)` lies, if it is in the pool.
+    #[inline]
+    pub(crate) fn find(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<Slot> {
+        let s = self.streams.iter().position(|s| s.stream == stream)?;
+        let b = bin_of(size);
+        let bin = self.streams[s].bins.get(b)?;
+        let at = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
+            bin.len() - 1
+        } else {
+            bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?
+        };
+        Some(Slot {
+            stream: s as u32,
+            bin: b as u32,
+            at: at as u32,
+        })
+    }
+
+    /// Gives the entry at `slot` (from [`BlockPool::best_fit`] or
+    /// [`BlockPool::find`], no change to the pool since) the new key and id in
+    /// place, when the key stays in the same bin and between its neighbours:
+    /// the pool then holds exactly what removing the entry and inserting the
+    /// new one would give. Returns false, changing nothing, otherwise.
+    #[inline(always)]
+    pub(crate) fn rekey(&mut self, slot: Slot, size: usize, ptr: DevicePtr, id: BlockId) -> bool {
+        if bin_of(size) != slot.bin as usize {
+            return false;
+        }
+        let bin = &mut self.streams[slot.stream as usize].bins[slot.bin as usize];
+        let at = slot.at as usize;
+        let key = (size, ptr);
+        if at > 0 && bin[at - 1].key() >= key {
+            return false;
+        }
+        if bin.get(at + 1).is_some_and(|n| n.key() <= key) {
+            return false;
+        }
+        bin[at] = Entry { size, ptr, id };
+        true
     }
 
     /// Free blocks of `stream` with size ≥ `size`, best fit first.
@@ -512,5 +553,53 @@ mod tests {
         }
         let ids: Vec<u32> = p.ids().iter().map(|b| b.0).collect();
         assert_eq!(ids, model.values().copied().collect::<Vec<_>>());
+    }
+
+    /// `rekey` changes an entry in place only when that gives what removing it
+    /// and inserting the new key would, and changes nothing otherwise.
+    #[test]
+    fn rekey_is_remove_and_insert() {
+        let mut state = 0x2545_f491_u64;
+        let mut rand = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let s = StreamId(0);
+        let mut p = BlockPool::new();
+        let mut model: BTreeMap<(usize, DevicePtr), u32> = BTreeMap::new();
+        let mut rekeyed = 0;
+        for step in 0..20_000u32 {
+            let size = ((rand() % 64) as usize + 1) << (rand() % 4 * 3 + 9);
+            let ptr = (rand() % 256) << 20;
+            if model.len() < 40 && !model.contains_key(&(size, ptr)) {
+                p.insert(s, size, ptr, BlockId(step));
+                model.insert((size, ptr), step);
+            }
+            let Some((&(size, ptr), _)) = model.range((size, 0)..).next() else {
+                continue;
+            };
+            let slot = p.find(s, size, ptr).expect("in the pool");
+            let (nsize, nptr) = (size + 512 * (rand() % 8) as usize, ptr + 512);
+            if model.contains_key(&(nsize, nptr)) {
+                continue;
+            }
+            if p.rekey(slot, nsize, nptr, BlockId(step)) {
+                rekeyed += 1;
+                model.remove(&(size, ptr));
+                model.insert((nsize, nptr), step);
+            } else if rand() % 2 == 0 {
+                p.remove_slot(slot);
+                model.remove(&(size, ptr));
+            }
+            let got: Vec<u32> = p.at_least(s, 0).map(|e| e.id.0).collect();
+            assert_eq!(
+                got,
+                model.values().copied().collect::<Vec<_>>(),
+                "step {step}"
+            );
+        }
+        assert!(rekeyed > 1000, "only {rekeyed} re-keyed in place");
     }
 }

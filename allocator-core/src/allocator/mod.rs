@@ -22,7 +22,7 @@ use crate::snapshot::{BlockState, HistoryConfig, Snapshot};
 use crate::stats::DeviceStats;
 use crate::sync::{lock, next_instance_id, Arc, Mutex, MutexGuard};
 use crate::Result;
-use state::{Request, State};
+use state::{Found, Request, State};
 use std::cell::OnceCell;
 
 /// A live allocation. The handle is enough to free in O(1); it records the
@@ -290,13 +290,13 @@ impl<D: Device> CachingAllocator<D> {
             found = f;
         }
         match found {
-            Some(b) => Ok(self.found(&mut g.st, b, &req)),
+            Some(b) => Ok(self.found(&mut g.st, b.into(), &req)),
             None => Err(self.out_of_memory(g, &req)),
         }
     }
 
-    fn found(&self, st: &mut State, b: BlockId, req: &Request) -> Allocation {
-        let split = st.should_split(b, req.size);
+    fn found(&self, st: &mut State, b: Found, req: &Request) -> Allocation {
+        let split = st.should_split(b.id, req.size);
         let (block, serial) = st.alloc_found_block(b, req, split);
         let blk = &st.blocks[block];
         Allocation {

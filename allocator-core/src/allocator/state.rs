@@ -11,7 +11,7 @@ use crate::block::{Block, BlockArena, BlockId, PoolKind};
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DeviceError, DevicePtr, EventId, StreamId};
 use crate::error::{Error, OutOfMemoryError};
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, Slot};
 use crate::size::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 use crate::snapshot::{
     BlockSnapshot, BlockState, HistoryConfig, SegmentSnapshot, Snapshot, TraceAction, TraceEntry,
@@ -30,6 +30,21 @@ pub(crate) struct Request {
     pub pool: PoolKind,
     /// Size of a new (non-expandable) segment for this request.
     pub alloc_size: usize,
+}
+
+/// A block chosen for a request, and where its pool entry still lies (`None`:
+/// already out of its pool, or never in it, as a new segment). Keeping the
+/// entry lets a split re-key it in place for the remainder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Found {
+    pub id: BlockId,
+    pub slot: Option<Slot>,
+}
+
+impl From<BlockId> for Found {
+    fn from(id: BlockId) -> Found {
+        Found { id, slot: None }
+    }
 }
 
 /// The trace ring buffer (`_record_memory_history`).
@@ -320,8 +335,10 @@ impl State {
     // ----- malloc (spec §3) ------------------------------------------------------
 
     /// Best fit from the request's pool, with the expandable and `max_split_size`
-    /// rules (`get_free_block`, §3.1). Removes the block from the pool.
-    pub(crate) fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
+    /// rules (`get_free_block`, §3.1). The block leaves the pool in
+    /// [`State::alloc_found_block`] (the common case: its entry is where `slot`
+    /// says) or has already left it (`slot` is `None`).
+    pub(crate) fn get_free_block(&mut self, req: &Request) -> Option<Found> {
         let gc = self.gc_enabled();
         let expandable_active = self.expandable_active();
         let max_split = self.config.max_split_size;
@@ -341,12 +358,15 @@ impl State {
         let pool = self.pool(req.pool);
         let (first, slot) = pool.best_fit(req.stream, req.size)?;
         if self.blocks[first.id].expandable.is_none() {
-            // The common case: the best fit itself, removed where it was found.
+            // The common case: the best fit itself, removed (or re-keyed) where
+            // it was found.
             if !acceptable(first.size) {
                 return None;
             }
-            self.pool_mut(req.pool).remove_slot(slot);
-            return Some(first.id);
+            return Some(Found {
+                id: first.id,
+                slot: Some(slot),
+            });
         }
         let mut it = pool.at_least(req.stream, req.size).map(|e| e.id).peekable();
         let mut id = it.next()?;
@@ -383,7 +403,7 @@ impl State {
             return None;
         }
         self.remove_from_blocks(id);
-        Some(id)
+        Some(id.into())
     }
 
     pub(crate) fn should_split(&self, id: BlockId, size: usize) -> bool {
@@ -396,14 +416,16 @@ impl State {
         }
     }
 
-    /// Hands out `id` (already out of its pool), splitting off the tail when
-    /// `split`. Returns the allocated block and its serial (`alloc_found_block`, §3.8).
+    /// Hands out the found block, taking it out of its pool, splitting off the
+    /// tail when `split`. Returns the allocated block and its serial
+    /// (`alloc_found_block`, §3.8).
     pub(crate) fn alloc_found_block(
         &mut self,
-        id: BlockId,
+        found: Found,
         req: &Request,
         split: bool,
     ) -> (BlockId, u64) {
+        let Found { id, slot } = found;
         let size = req.size;
         let small = req.pool.is_small();
         let already_split = self.blocks[id].is_split();
@@ -424,8 +446,20 @@ impl State {
             rem.prev = Some(new_id);
             rem.ptr += size as u64;
             rem.size -= size;
-            let rem_size = rem.size as i64;
-            self.insert_into_blocks(id);
+            let (rem_kind, rem_ptr, rem_size) = (rem.pool, rem.ptr, rem.size);
+            // The remainder's pool entry is the found block's, re-keyed in
+            // place when it keeps its bin and order (else removed, reinserted).
+            match slot {
+                Some(slot) if self.pool_mut(rem_kind).rekey(slot, rem_size, rem_ptr, id) => {
+                    self.blocks[id].gc_count_base = self.pool(rem_kind).get_free_blocks_call_count;
+                }
+                Some(slot) => {
+                    self.pool_mut(rem_kind).remove_slot(slot);
+                    self.insert_into_blocks(id);
+                }
+                None => self.insert_into_blocks(id),
+            }
+            let rem_size = rem_size as i64;
             if not_expandable {
                 if already_split {
                     self.stats.inactive_split_bytes.decrease(small, size as i64);
@@ -436,6 +470,10 @@ impl State {
             }
             new_id
         } else {
+            if let Some(slot) = slot {
+                let kind = self.blocks[id].pool;
+                self.pool_mut(kind).remove_slot(slot);
+            }
             if already_split && not_expandable {
                 let s = self.blocks[id].size as i64;
                 self.stats.inactive_split_bytes.decrease(small, s);
@@ -535,14 +573,28 @@ impl State {
         self.record(TraceAction::FreeCompleted, ptr, requested, stream);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
+        // The pool entry of the last mapped neighbour merged in, kept to be
+        // re-keyed in place for the merged block.
+        let mut held: Option<Slot> = None;
         for cand in [prev, next] {
-            let merged = self.try_merge_blocks(id, cand);
+            let merged = self.merge_keeping_entry(id, cand, &mut held);
             if merged > 0 {
                 net_blocks -= 1;
                 net_bytes -= merged as i64;
             }
         }
-        self.insert_into_blocks(id);
+        let b = &self.blocks[id];
+        let (kind, size, ptr) = (b.pool, b.size, b.ptr);
+        match held {
+            Some(slot) if self.pool_mut(kind).rekey(slot, size, ptr, id) => {
+                self.blocks[id].gc_count_base = self.pool(kind).get_free_blocks_call_count;
+            }
+            Some(slot) => {
+                self.pool_mut(kind).remove_slot(slot);
+                self.insert_into_blocks(id);
+            }
+            None => self.insert_into_blocks(id),
+        }
         let b = &self.blocks[id];
         if b.is_split() {
             net_blocks += 1;
@@ -557,6 +609,51 @@ impl State {
         st.active.decrease(small, 1);
         st.active_bytes.decrease(small, orig_size as i64);
         st.requested_bytes.decrease(small, requested as i64);
+    }
+
+    /// [`State::try_merge_blocks`] for [`State::free_block`]: a mapped `src`'s
+    /// pool entry is not removed but kept in `held` (the one held before, if
+    /// any, is removed first), for the caller to re-key or remove.
+    #[inline]
+    fn merge_keeping_entry(
+        &mut self,
+        dst: BlockId,
+        src: Option<BlockId>,
+        held: &mut Option<Slot>,
+    ) -> usize {
+        let Some(src) = src else { return 0 };
+        let s = &self.blocks[src];
+        if !s.is_free() || s.mapped != self.blocks[dst].mapped {
+            return 0;
+        }
+        if !s.mapped {
+            return self.try_merge_blocks(dst, Some(src));
+        }
+        let (kind, stream, s_ptr, s_size, s_prev, s_next) =
+            (s.pool, s.stream, s.ptr, s.size, s.prev, s.next);
+        let pool = self.pool_mut(kind);
+        if let Some(h) = held.take() {
+            pool.remove_slot(h);
+        }
+        *held = pool.find(stream, s_size, s_ptr);
+        debug_assert!(held.is_some(), "block {src:?} was not in its pool");
+        self.blocks.remove(src);
+        let d = &mut self.blocks[dst];
+        if d.prev == Some(src) {
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            d.size += s_size;
+            if let Some(p) = s_prev {
+                self.blocks[p].next = Some(dst);
+            }
+        } else {
+            d.next = s_next;
+            d.size += s_size;
+            if let Some(n) = s_next {
+                self.blocks[n].prev = Some(dst);
+            }
+        }
+        s_size
     }
 
     /// Absorbs `src` into `dst` when `src` is free with the same mapping; `dst` must
