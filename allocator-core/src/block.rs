@@ -21,6 +21,7 @@ pub(crate) enum PoolKind {
 }
 
 impl PoolKind {
+    #[inline]
     pub(crate) fn for_size(rounded: usize) -> PoolKind {
         if crate::size::is_small(rounded) {
             PoolKind::Small

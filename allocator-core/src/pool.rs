@@ -61,6 +61,30 @@ fn bin_of(size: usize) -> usize {
     (fl - SL_BITS + 1) as usize * SL_COUNT + sl
 }
 
+/// `bin.insert(at, e)` with the shift written as a loop: bins hold a few
+/// entries, where a `memmove` call costs more than the moves.
+#[inline(always)]
+fn insert_at(bin: &mut Vec<Entry>, at: usize, e: Entry) {
+    bin.push(e);
+    let moved = &mut bin[at..];
+    for i in (1..moved.len()).rev() {
+        moved[i] = moved[i - 1];
+    }
+    moved[0] = e;
+}
+
+/// `bin.remove(at)` with the shift written as a loop (see [`insert_at`]).
+#[inline(always)]
+fn remove_at(bin: &mut Vec<Entry>, at: usize) -> Entry {
+    let e = bin[at];
+    let moved = &mut bin[at..];
+    for i in 1..moved.len() {
+        moved[i - 1] = moved[i];
+    }
+    bin.pop();
+    e
+}
+
 /// A free block as the pool stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -159,7 +183,7 @@ impl StreamIndex {
         } else {
             match bin.binary_search_by(|x| x.key().cmp(&e.key())) {
                 Ok(_) => return false,
-                Err(i) => bin.insert(i, e),
+                Err(i) => insert_at(bin, i, e),
             }
         }
         self.mark(b);
@@ -174,7 +198,7 @@ impl StreamIndex {
             bin.pop()?
         } else {
             let i = bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?;
-            bin.remove(i)
+            remove_at(bin, i)
         };
         if bin.is_empty() {
             self.unmark(b);
@@ -360,7 +384,7 @@ impl BlockPool {
         if slot.at as usize + 1 == bin.len() {
             bin.pop();
         } else {
-            bin.remove(slot.at as usize);
+            remove_at(bin, slot.at as usize);
         }
         if bin.is_empty() {
             index.unmark(slot.bin as usize);

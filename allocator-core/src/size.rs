@@ -29,6 +29,7 @@ pub const MIB: usize = 1 << 20;
 
 /// The `roundup_power2_divisions` table slot for `size`:
 /// `clamp(floor(log2(size)) - 20, 0, 15)`.
+#[inline]
 pub fn roundup_power2_slot(size: usize) -> usize {
     if size == 0 {
         return 0;
@@ -63,6 +64,7 @@ pub fn roundup_power2_next_division(size: usize, divisions: usize) -> usize {
 /// What a request of `size` bytes costs: at least 512 B, a multiple of 512 B, or
 /// the next power-of-two division when `roundup_power2_divisions` asks for it.
 /// `size` must be below [`ONE_EXBIBYTE`] (the allocator checks before calling).
+#[inline]
 pub fn round_size(size: usize, config: &AllocatorConfig) -> usize {
     if size < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
@@ -86,6 +88,7 @@ pub fn allocation_size(size: usize, config: &AllocatorConfig) -> usize {
 }
 
 /// True when a request of rounded size `size` is served from the small pool.
+#[inline]
 pub fn is_small(size: usize) -> bool {
     size <= SMALL_SIZE
 }

@@ -254,7 +254,7 @@ impl<D: Device> CachingAllocator<D> {
     /// the device allocation too); returns with both released.
     #[cold]
     fn malloc_miss<'a>(&'a self, mut g: Guards<'a, D>, req: &Request) -> Result<Allocation> {
-        let req = *req;
+        let req = req.with_alloc_size(&g.st.config);
         // 2. free-memory callbacks (outside the lock), then one more lookup.
         let callbacks: Vec<Arc<Box<FreeMemoryCallback>>> =
             lock(&self.hooks).free_memory_callbacks.clone();

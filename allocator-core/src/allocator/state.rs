@@ -28,7 +28,9 @@ pub(crate) struct Request {
     /// Rounded size (searched for, allocated, counted).
     pub size: usize,
     pub pool: PoolKind,
-    /// Size of a new (non-expandable) segment for this request.
+    /// Size of a new (non-expandable) segment for this request: 0 until a miss
+    /// needs it ([`Request::with_alloc_size`], first thing in the miss path,
+    /// under the same lock as the lookup).
     pub alloc_size: usize,
 }
 
@@ -44,6 +46,16 @@ pub(crate) struct Found {
 impl From<BlockId> for Found {
     fn from(id: BlockId) -> Found {
         Found { id, slot: None }
+    }
+}
+
+impl Request {
+    /// The request with its new-segment size, under `config`.
+    pub(crate) fn with_alloc_size(self, config: &AllocatorConfig) -> Request {
+        Request {
+            alloc_size: allocation_size(self.size, config),
+            ..self
+        }
     }
 }
 
@@ -231,6 +243,7 @@ impl State {
         self.trace.record(action, addr, size, stream);
     }
 
+    #[inline(always)]
     pub(crate) fn request(&self, orig: usize, stream: StreamId) -> Request {
         let size = round_size(orig, &self.config);
         Request {
@@ -238,7 +251,7 @@ impl State {
             orig,
             size,
             pool: PoolKind::for_size(size),
-            alloc_size: allocation_size(size, &self.config),
+            alloc_size: 0,
         }
     }
 
