@@ -31,6 +31,13 @@ const MB: usize = 1 << 20;
 fn replay(path: &str, reps: usize) -> Result<(), String> {
     let trace = Trace::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
     let events = storage_events(&trace).map_err(|e| e.to_string())?;
+    replay_events(&events, reps)
+}
+
+/// The replays alone, apart from loading the trace, for
+/// `valgrind --tool=callgrind --toggle-collect=hot_loop::replay_events`.
+#[inline(never)]
+fn replay_events(events: &[StorageEvent], reps: usize) -> Result<(), String> {
     let storages = events
         .iter()
         .filter(|e| matches!(e, StorageEvent::Alloc { .. }))
@@ -39,7 +46,7 @@ fn replay(path: &str, reps: usize) -> Result<(), String> {
         let a = CachingAllocator::new(SimulatedDevice::new(1 << 50), AllocatorConfig::default())
             .map_err(|e| e.to_string())?;
         let mut live: Vec<Option<Allocation>> = vec![None; storages];
-        for e in &events {
+        for e in events {
             match *e {
                 StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
                     live[storage] = Some(a.malloc(bytes as usize, S).map_err(|e| e.to_string())?);

@@ -295,6 +295,7 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    #[inline]
     fn found(&self, st: &mut State, b: Found, req: &Request) -> Allocation {
         let split = st.should_split(b.id, req.size);
         let (block, serial) = st.alloc_found_block(b, req, split);
@@ -377,7 +378,7 @@ impl<D: Device> CachingAllocator<D> {
             let events = st.record_use_events(&mut *dev, b)?;
             st.free(b, events);
         } else {
-            st.free(b, Vec::new());
+            st.free_now(b);
         }
         Ok(())
     }

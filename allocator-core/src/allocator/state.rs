@@ -351,36 +351,46 @@ impl State {
     /// rules (`get_free_block`, §3.1). The block leaves the pool in
     /// [`State::alloc_found_block`] (the common case: its entry is where `slot`
     /// says) or has already left it (`slot` is `None`).
+    #[inline(always)]
     pub(crate) fn get_free_block(&mut self, req: &Request) -> Option<Found> {
-        let gc = self.gc_enabled();
-        let expandable_active = self.expandable_active();
+        if self.gc_enabled() {
+            self.pool_mut(req.pool).get_free_blocks_call_count += 1;
+        }
+        let (first, slot) = self.pool(req.pool).best_fit(req.stream, req.size)?;
+        if self.blocks[first.id].expandable.is_some() {
+            return self.get_free_expandable_block(req).map(Found::from);
+        }
+        // The common case: the best fit itself, removed (or re-keyed) where it
+        // was found.
+        if !self.acceptable(req, first.size) {
+            return None;
+        }
+        Some(Found {
+            id: first.id,
+            slot: Some(slot),
+        })
+    }
+
+    /// The `max_split_size` rule: may a block of `size` serve `req`?
+    #[inline(always)]
+    fn acceptable(&self, req: &Request, size: usize) -> bool {
         let max_split = self.config.max_split_size;
-        let max_non_split = self.config.max_non_split_rounding_size;
-        let pool = self.pool_mut(req.pool);
-        if gc {
-            pool.get_free_blocks_call_count += 1;
+        if req.size < max_split {
+            size < max_split // normal requests never take oversize blocks
+        } else {
+            // oversize requests take only blocks < size + 20 MiB (by default)
+            size < req
+                .size
+                .saturating_add(self.config.max_non_split_rounding_size)
         }
-        let acceptable = |size: usize| {
-            if req.size < max_split {
-                size < max_split // normal requests never take oversize blocks
-            } else {
-                // oversize requests take only blocks < size + 20 MiB (by default)
-                size < req.size.saturating_add(max_non_split)
-            }
-        };
+    }
+
+    /// [`State::get_free_block`] when the best fit is a block of an expandable
+    /// segment: the choice among expandable blocks, removed from the pool.
+    #[cold]
+    fn get_free_expandable_block(&mut self, req: &Request) -> Option<BlockId> {
+        let expandable_active = self.expandable_active();
         let pool = self.pool(req.pool);
-        let (first, slot) = pool.best_fit(req.stream, req.size)?;
-        if self.blocks[first.id].expandable.is_none() {
-            // The common case: the best fit itself, removed (or re-keyed) where
-            // it was found.
-            if !acceptable(first.size) {
-                return None;
-            }
-            return Some(Found {
-                id: first.id,
-                slot: Some(slot),
-            });
-        }
         let mut it = pool.at_least(req.stream, req.size).map(|e| e.id).peekable();
         let mut id = it.next()?;
         if expandable_active {
@@ -412,11 +422,11 @@ impl State {
             }
         }
         drop(it);
-        if !acceptable(self.blocks[id].size) {
+        if !self.acceptable(req, self.blocks[id].size) {
             return None;
         }
         self.remove_from_blocks(id);
-        Some(id.into())
+        Some(id)
     }
 
     pub(crate) fn should_split(&self, id: BlockId, size: usize) -> bool {
@@ -432,6 +442,7 @@ impl State {
     /// Hands out the found block, taking it out of its pool, splitting off the
     /// tail when `split`. Returns the allocated block and its serial
     /// (`alloc_found_block`, §3.8).
+    #[inline(always)]
     pub(crate) fn alloc_found_block(
         &mut self,
         found: Found,
@@ -556,11 +567,31 @@ impl State {
     /// stream that used the block, from [`State::record_use_events`]) the block
     /// stays active until they complete; without, it returns to its pool now.
     pub(crate) fn free(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
+        if events.is_empty() {
+            return self.free_now(id);
+        }
+        self.release_for_caller(id, events.len() as u32);
+        for (s, e) in events {
+            self.events.entry(s).or_default().push_back((e, id));
+        }
+    }
+
+    /// [`State::free`] of a block no other stream used: back to its pool now.
+    #[inline(always)]
+    pub(crate) fn free_now(&mut self, id: BlockId) {
+        self.release_for_caller(id, 0);
+        self.free_block(id);
+    }
+
+    /// The caller's part of a free: not allocated any more, `event_count`
+    /// events to wait for.
+    #[inline(always)]
+    fn release_for_caller(&mut self, id: BlockId, event_count: u32) {
         let b = &mut self.blocks[id];
         b.allocated = false;
         b.serial = 0;
         b.stream_uses.clear();
-        b.event_count = events.len() as u32;
+        b.event_count = event_count;
         let (size, small, requested, ptr, stream) =
             (b.size, b.pool.is_small(), b.requested, b.ptr, b.stream);
         self.stats.allocation.decrease(small, 1);
@@ -569,15 +600,10 @@ impl State {
             self.stats.oversize_allocations.decrease(1);
         }
         self.record(TraceAction::FreeRequested, ptr, requested, stream);
-        if events.is_empty() {
-            self.free_block(id);
-        }
-        for (s, e) in events {
-            self.events.entry(s).or_default().push_back((e, id));
-        }
     }
 
     /// Returns a free block to its pool, merging it with free neighbours.
+    #[inline]
     pub(crate) fn free_block(&mut self, id: BlockId) {
         let b = &self.blocks[id];
         debug_assert!(b.is_free(), "free_block of a busy block {b:?}");
