@@ -61,30 +61,6 @@ fn bin_of(size: usize) -> usize {
     (fl - SL_BITS + 1) as usize * SL_COUNT + sl
 }
 
-/// `bin.insert(at, e)` with the shift written as a loop: bins hold a few
-/// entries, where a `memmove` call costs more than the moves.
-#[inline(always)]
-fn insert_at(bin: &mut Vec<Entry>, at: usize, e: Entry) {
-    bin.push(e);
-    let moved = &mut bin[at..];
-    for i in (1..moved.len()).rev() {
-        moved[i] = moved[i - 1];
-    }
-    moved[0] = e;
-}
-
-/// `bin.remove(at)` with the shift written as a loop (see [`insert_at`]).
-#[inline(always)]
-fn remove_at(bin: &mut Vec<Entry>, at: usize) -> Entry {
-    let e = bin[at];
-    let moved = &mut bin[at..];
-    for i in 1..moved.len() {
-        moved[i - 1] = moved[i];
-    }
-    bin.pop();
-    e
-}
-
 /// A free block as the pool stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -183,7 +159,7 @@ impl StreamIndex {
         } else {
             match bin.binary_search_by(|x| x.key().cmp(&e.key())) {
                 Ok(_) => return false,
-                Err(i) => insert_at(bin, i, e),
+                Err(i) => bin.insert(i, e),
             }
         }
         self.mark(b);
@@ -198,7 +174,7 @@ impl StreamIndex {
             bin.pop()?
         } else {
             let i = bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?;
-            remove_at(bin, i)
+            bin.remove(i)
         };
         if bin.is_empty() {
             self.unmark(b);
@@ -384,7 +360,7 @@ impl BlockPool {
         if slot.at as usize + 1 == bin.len() {
             bin.pop();
         } else {
-            remove_at(bin, slot.at as usize);
+            bin.remove(slot.at as usize);
         }
         if bin.is_empty() {
             index.unmark(slot.bin as usize);
