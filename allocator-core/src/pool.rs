@@ -115,7 +115,7 @@ impl StreamIndex {
     }
 
     /// The first non-empty bin at or above `bin`.
-    #[inline]
+    #[inline(always)]
     fn next_nonempty(&self, bin: usize) -> Option<usize> {
         if bin >= BIN_COUNT {
             return None;
@@ -134,7 +134,7 @@ impl StreamIndex {
     }
 
     /// Position of the first entry of at least `size`: `(bin, index)`.
-    #[inline]
+    #[inline(always)]
     fn lower_bound(&self, size: usize) -> Option<(usize, usize)> {
         let b = bin_of(size);
         let bin = self.bins.get(b).map_or(&[][..], Vec::as_slice);
@@ -338,7 +338,7 @@ impl BlockPool {
 
     /// The best fit for `size` on `stream` (the first of [`BlockPool::at_least`])
     /// and where it lies, for [`BlockPool::remove_slot`].
-    #[inline]
+    #[inline(always)]
     pub(crate) fn best_fit(&self, stream: StreamId, size: usize) -> Option<(Entry, Slot)> {
         let s = self.streams.iter().position(|s| s.stream == stream)?;
         let index = &self.streams[s];
