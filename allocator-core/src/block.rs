@@ -35,6 +35,44 @@ impl PoolKind {
     }
 }
 
+/// The streams other than its own that used a block: boxed, as most blocks
+/// have none, so the block record stays small.
+// A `Vec` inline would take 24 bytes of every block for what few blocks use.
+#[allow(clippy::box_collection)]
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StreamUses(Option<Box<Vec<StreamId>>>);
+
+impl StreamUses {
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|v| v.is_empty())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |v| v.len())
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &StreamId> {
+        self.0.iter().flat_map(|v| v.iter())
+    }
+
+    pub(crate) fn contains(&self, s: &StreamId) -> bool {
+        self.iter().any(|x| x == s)
+    }
+
+    pub(crate) fn push(&mut self, s: StreamId) {
+        self.0.get_or_insert_with(Box::default).push(s);
+    }
+
+    /// Empties the list, keeping its allocation for the block's next use.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        if let Some(v) = &mut self.0 {
+            v.clear();
+        }
+    }
+}
+
 /// One block. Invariants (checked by `check_invariants`):
 /// - `size` is a multiple of 512 and > 0; `ptr + size == next.ptr` when `next` is set;
 /// - a free (`!allocated && event_count == 0 && stream_uses.is_empty()`), mapped
@@ -63,11 +101,11 @@ pub(crate) struct Block {
     /// Outstanding end-of-use events on other streams.
     pub event_count: u32,
     /// Streams other than `stream` that used the block (`record_stream`).
-    pub stream_uses: Vec<StreamId>,
+    pub stream_uses: StreamUses,
     /// Value of the pool's GC clock when the block entered the free set.
     pub gc_count_base: u64,
     /// Index of the expandable segment the block lives in, if any.
-    pub expandable: Option<usize>,
+    pub expandable: Option<u32>,
     /// Serial number of the current allocation, unique over the allocator's
     /// life; 0 while the block is not allocated. A handle must carry the same
     /// serial, so validating it is one compare and stale handles are rejected.
@@ -89,7 +127,7 @@ impl Block {
             prev: None,
             next: None,
             event_count: 0,
-            stream_uses: Vec::new(),
+            stream_uses: StreamUses::default(),
             gc_count_base: 0,
             expandable: None,
             serial: 0,
@@ -189,5 +227,15 @@ impl std::ops::IndexMut<BlockId> for BlockArena {
         let b = &mut self.slots[id.0 as usize];
         debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
         b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn block_record_size() {
+        let n = std::mem::size_of::<super::Block>();
+        eprintln!("Block: {n} bytes");
+        assert!(n <= 88, "Block grew to {n} bytes");
     }
 }

@@ -145,7 +145,7 @@ impl State {
         };
         let mut b = Block::new(base, va_size, stream, kind);
         b.mapped = false;
-        b.expandable = Some(seg_index);
+        b.expandable = Some(seg_u32(seg_index));
         let id = self.blocks.insert(b);
         self.insert_unmapped(id);
         Ok(Some(id))
@@ -165,6 +165,7 @@ impl State {
         let (ptr, bsize, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
         let seg_index = b
             .expandable
+            .map(|i| i as usize)
             .ok_or_else(|| Error::Internal("map_block of a plain block".into()))?;
         let seg = self.expandable[seg_index]
             .as_ref()
@@ -189,7 +190,7 @@ impl State {
             // id -> remaining (unmapped) -> id.next
             let mut rem = Block::new(ptr + mapped_size as u64, bsize - mapped_size, stream, kind);
             rem.mapped = false;
-            rem.expandable = Some(seg_index);
+            rem.expandable = Some(seg_u32(seg_index));
             rem.prev = Some(id);
             rem.next = self.blocks[id].next;
             let rem_next = rem.next;
@@ -223,6 +224,7 @@ impl State {
         let (ptr, size, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
         let seg_index = b
             .expandable
+            .map(|i| i as usize)
             .ok_or_else(|| Error::Internal("unmap_block of a plain block".into()))?;
         let seg = self.expandable[seg_index]
             .as_ref()
@@ -244,7 +246,7 @@ impl State {
         if before > 0 {
             // prev -> before_free -> id
             let mut bf = Block::new(ptr, before, stream, kind);
-            bf.expandable = Some(seg_index);
+            bf.expandable = Some(seg_u32(seg_index));
             bf.prev = self.blocks[id].prev;
             bf.next = Some(id);
             let bf_prev = bf.prev;
@@ -259,7 +261,7 @@ impl State {
         if after > 0 {
             // id -> after_free -> next
             let mut af = Block::new(uptr + usize_ as u64, after, stream, kind);
-            af.expandable = Some(seg_index);
+            af.expandable = Some(seg_u32(seg_index));
             af.prev = Some(id);
             af.next = self.blocks[id].next;
             let af_next = af.next;
@@ -296,6 +298,7 @@ impl State {
         debug_assert!(!b.mapped && !b.is_split());
         let seg_index = b
             .expandable
+            .map(|i| i as usize)
             .ok_or_else(|| Error::Internal("release of a plain block".into()))?;
         self.remove_unmapped(id);
         self.blocks.remove(id);
@@ -305,4 +308,9 @@ impl State {
         let vmm = dev.virtual_memory().ok_or_else(vmm_missing)?;
         vmm.release(seg.base, seg.size).map_err(Error::Device)
     }
+}
+
+/// An expandable segment's index as a block stores it (4 bytes).
+fn seg_u32(index: usize) -> u32 {
+    u32::try_from(index).expect("fewer than 2^32 expandable segments")
 }

@@ -165,7 +165,7 @@ impl State {
                 let active = !free;
                 if b.mapped {
                     if let Some(s) = expandable {
-                        *mapped_bytes_per_seg.entry(s).or_default() += b.size;
+                        *mapped_bytes_per_seg.entry(s as usize).or_default() += b.size;
                     }
                 }
                 if b.allocated {
@@ -201,7 +201,7 @@ impl State {
                 }
             } else {
                 let seg = expandable
-                    .and_then(|s| self.expandable.get(s))
+                    .and_then(|s| self.expandable.get(s as usize))
                     .and_then(|s| s.as_ref())
                     .ok_or_else(|| {
                         format!("block {:#x} names a released expandable segment", h.ptr)

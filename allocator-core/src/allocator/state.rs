@@ -324,7 +324,7 @@ impl State {
         id: BlockId,
     ) -> Result<Vec<(StreamId, EventId)>> {
         let mut events = Vec::with_capacity(self.blocks[id].stream_uses.len());
-        for &s in &self.blocks[id].stream_uses {
+        for &s in self.blocks[id].stream_uses.iter() {
             match dev.record_event(s) {
                 Ok(e) => events.push((s, e)),
                 Err(err) => {
