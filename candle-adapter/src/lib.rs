@@ -84,6 +84,17 @@
 //!   what remat-alloc does and does not serve. Without nvcc, CI type-checks
 //!   `cuda` with a stub nvcc (nothing linked or run); `cuda-pool` needs no nvcc.
 
+/// candle-core's names for model code, with remat-candle's tensor: a model file
+/// that starts with `use candle::{DType, Device, IndexOp, Module, Result, Tensor,
+/// D};` ports by changing that line to `use remat_candle::as_candle::{…};`
+/// (`Tensor` is [`RTensor`], `IndexOp` is [`IndexOp`], `Module` is
+/// [`nn::Module`]; the rest are candle-core's own).
+pub mod as_candle {
+    pub use crate::index::IndexOp;
+    pub use crate::nn::{Module, ModuleT};
+    pub use crate::tensor::RTensor as Tensor;
+    pub use candle_core::{bail, DType, Device, Error, Result, Shape, WithDType, D};
+}
 pub mod cell;
 pub mod context;
 pub mod device;
@@ -92,6 +103,7 @@ mod graph;
 pub mod index;
 pub mod nn;
 pub mod tensor;
+pub mod transformers;
 
 pub use cell::Cell;
 pub use context::{Budget, CostModel, Remat, RematConfig};
