@@ -18,7 +18,10 @@
 //! - `adj`: `adjacent_free_size` inside one `inspect`;
 //! - `seg`: malloc of a new 64 MiB segment, free, `empty_cache`;
 //! - `trace FILE N`: replay a DTR-paper trace's storage lifetimes `N` times, each
-//!   in a fresh allocator (subtract `trace FILE 0`, which only loads the trace).
+//!   in a fresh allocator (subtract `trace FILE 0`, which only loads the trace;
+//!   or count only `--toggle-collect=hot_loop::replay_events`);
+//! - `trace-batch FILE N`: the same, each replay in one `batch()`
+//!   (`hot_loop::replay_events_batch`).
 
 use remat_alloc::{Allocation, AllocatorConfig, CachingAllocator, SimulatedDevice, StreamId};
 use remat_trace::{storage_events, StorageEvent, Trace};
@@ -28,10 +31,14 @@ use std::process::ExitCode;
 const S: StreamId = StreamId::DEFAULT;
 const MB: usize = 1 << 20;
 
-fn replay(path: &str, reps: usize) -> Result<(), String> {
+fn replay(path: &str, reps: usize, batch: bool) -> Result<(), String> {
     let trace = Trace::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
     let events = storage_events(&trace).map_err(|e| e.to_string())?;
-    replay_events(&events, reps)
+    if batch {
+        replay_events_batch(&events, reps)
+    } else {
+        replay_events(&events, reps)
+    }
 }
 
 /// The replays alone, apart from loading the trace, for
@@ -54,6 +61,35 @@ fn replay_events(events: &[StorageEvent], reps: usize) -> Result<(), String> {
                 StorageEvent::Free { storage, .. } => {
                     if let Some(x) = live[storage].take() {
                         a.free(x).map_err(|e| e.to_string())?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`replay_events`] with each replay in one `batch()`.
+#[inline(never)]
+fn replay_events_batch(events: &[StorageEvent], reps: usize) -> Result<(), String> {
+    let storages = events
+        .iter()
+        .filter(|e| matches!(e, StorageEvent::Alloc { .. }))
+        .count();
+    for _ in 0..reps {
+        let a = CachingAllocator::new(SimulatedDevice::new(1 << 50), AllocatorConfig::default())
+            .map_err(|e| e.to_string())?;
+        let mut live: Vec<Option<Allocation>> = vec![None; storages];
+        let mut g = a.batch();
+        for e in events {
+            match *e {
+                StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
+                    live[storage] = Some(g.malloc(bytes as usize, S).map_err(|e| e.to_string())?);
+                }
+                StorageEvent::Free { storage, .. } => {
+                    if let Some(x) = live[storage].take() {
+                        g.free(x).map_err(|e| e.to_string())?;
                     }
                 }
                 _ => {}
@@ -125,8 +161,9 @@ fn main() -> ExitCode {
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
     let count = |i: usize| arg(i).parse::<usize>().ok();
     let result = match (arg(1), count(2), count(3)) {
-        ("trace", _, Some(reps)) => replay(arg(2), reps),
-        (mode, Some(n), _) if mode != "trace" => run(mode, n).map_err(|e| e.to_string()),
+        ("trace", _, Some(reps)) => replay(arg(2), reps, false),
+        ("trace-batch", _, Some(reps)) => replay(arg(2), reps, true),
+        (mode, Some(n), _) if !mode.starts_with("trace") => run(mode, n).map_err(|e| e.to_string()),
         _ => Err("usage: hot_loop MODE N | hot_loop trace FILE N (see the source)".into()),
     };
     match result {

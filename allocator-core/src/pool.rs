@@ -9,18 +9,21 @@
 //! ```text
 //!   size ──▶ bin (monotonic: a larger size never maps to a lower bin)
 //!            sizes < 32·512 B: one bin per 512 B step; above: 32 bins per power of two
-//!   bins[b]: Vec<Entry> sorted by (size, address)         (usually 0–3 entries)
+//!   bins[b]: Vec<Entry> sorted by (size, address), DESCENDING   (often 0–3 entries)
 //!   groups:  u64, bit g set ⇔ some bin of group g (32 bins) is non-empty
 //!   nonempty[g]: u32, bit i set ⇔ bins[32·g + i] is non-empty
 //! ```
 //!
-//! Best fit for `size`: binary search in `bins[bin(size)]` for the first entry of
-//! at least `size`; if there is none, the first entry of the next non-empty bin
+//! Best fit for `size`: binary search in `bins[bin(size)]` for the last entry of
+//! at least `size`; if there is none, the last entry of the next non-empty bin
 //! (two `trailing_zeros`). Every entry of a higher bin is larger than every entry
 //! of a lower one, so this is the global minimum of `(size, address)` over the
-//! blocks of at least `size` — PyTorch's choice. Insert and remove are a binary
-//! search and a short `Vec` shift; bins keep their capacity, so the steady state
-//! allocates nothing. `unmapped` holds the unmapped blocks of expandable
+//! blocks of at least `size` — PyTorch's choice. Bins are kept in descending
+//! order so that the best fit, when it is its bin's smallest entry (the usual
+//! case: bins of many equal-size blocks, taken lowest address first), leaves
+//! with a `pop` rather than a shift of the whole bin. Insert and remove are a
+//! binary search and a `Vec` shift; bins keep their capacity, so the steady
+//! state allocates nothing. `unmapped` holds the unmapped blocks of expandable
 //! segments in address order (cold paths only).
 
 use crate::block::BlockId;
@@ -61,6 +64,22 @@ fn bin_of(size: usize) -> usize {
     (fl - SL_BITS + 1) as usize * SL_COUNT + sl
 }
 
+/// Where `(size, ptr)` is or would go in a bin sorted descending: the number
+/// of entries with a larger key.
+#[inline]
+fn descending_position(bin: &[Entry], size: usize, ptr: DevicePtr) -> usize {
+    bin.partition_point(|x| x.key() > (size, ptr))
+}
+
+/// Index of the entry keyed `(size, ptr)` in a descending bin, if there.
+#[inline]
+fn find_in(bin: &[Entry], size: usize, ptr: DevicePtr) -> Option<usize> {
+    let i = descending_position(bin, size, ptr);
+    bin.get(i)
+        .is_some_and(|x| x.key() == (size, ptr))
+        .then_some(i)
+}
+
 /// A free block as the pool stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -77,7 +96,7 @@ impl Entry {
 }
 
 /// The free blocks of one stream. Invariants: each `bins[b]` is sorted by
-/// `(size, ptr)` and holds only sizes with `bin_of(size) == b`; bit `b % 32` of
+/// `(size, ptr)`, largest first, and holds only sizes with `bin_of(size) == b`; bit `b % 32` of
 /// `nonempty[b / 32]` is set iff `bins[b]` is non-empty; bit `g` of `groups` is
 /// set iff `nonempty[g] != 0`. `bins` grows to the highest bin ever used (a
 /// missing bin is empty), so a small pool's index stays a few KiB.
@@ -133,16 +152,18 @@ impl StreamIndex {
         Some(g * SL_COUNT + self.nonempty[g].trailing_zeros() as usize)
     }
 
-    /// Position of the first entry of at least `size`: `(bin, index)`.
+    /// Position of the smallest entry of at least `size`: `(bin, index)`.
     #[inline(always)]
     fn lower_bound(&self, size: usize) -> Option<(usize, usize)> {
         let b = bin_of(size);
         let bin = self.bins.get(b).map_or(&[][..], Vec::as_slice);
-        let i = bin.partition_point(|e| e.size < size);
-        if i < bin.len() {
-            return Some((b, i));
+        // Descending: the entries of at least `size` are a prefix.
+        let i = bin.partition_point(|e| e.size >= size);
+        if i > 0 {
+            return Some((b, i - 1));
         }
-        self.next_nonempty(b + 1).map(|b| (b, 0))
+        self.next_nonempty(b + 1)
+            .map(|b| (b, self.bins[b].len() - 1))
     }
 
     #[inline]
@@ -152,15 +173,16 @@ impl StreamIndex {
             self.grow(b);
         }
         let bin = &mut self.bins[b];
-        // Most bins hold a few entries: appending (the common case, and the
-        // only one for an empty bin) skips the search and the shift.
-        if bin.last().is_none_or(|l| l.key() < e.key()) {
+        // A new smallest entry (the only case for an empty bin) is appended,
+        // skipping the search and the shift.
+        if bin.last().is_none_or(|l| e.key() < l.key()) {
             bin.push(e);
         } else {
-            match bin.binary_search_by(|x| x.key().cmp(&e.key())) {
-                Ok(_) => return false,
-                Err(i) => bin.insert(i, e),
+            let i = descending_position(bin, e.size, e.ptr);
+            if bin.get(i).is_some_and(|x| x.key() == e.key()) {
+                return false;
             }
+            bin.insert(i, e);
         }
         self.mark(b);
         true
@@ -173,7 +195,7 @@ impl StreamIndex {
         let e = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
             bin.pop()?
         } else {
-            let i = bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?;
+            let i = find_in(bin, size, ptr)?;
             bin.remove(i)
         };
         if bin.is_empty() {
@@ -194,7 +216,7 @@ impl StreamIndex {
             Some(bin) => AtLeast {
                 index: Some(self),
                 bin,
-                at: 0,
+                at: self.bins[bin].len(),
             },
             None => AtLeast {
                 index: None,
@@ -213,10 +235,12 @@ pub(crate) struct Slot {
     at: u32,
 }
 
-/// Entries of one stream from a position on, in `(size, address)` order.
+/// Entries of one stream from a position on, in `(size, address)` order
+/// (bins upwards, each bin from its end down, as bins are descending).
 pub(crate) struct AtLeast<'a> {
     index: Option<&'a StreamIndex>,
     bin: usize,
+    /// Entries of `bins[bin]` still to visit: indices `at - 1` down to 0.
     at: usize,
 }
 
@@ -226,15 +250,16 @@ impl Iterator for AtLeast<'_> {
     #[inline]
     fn next(&mut self) -> Option<Entry> {
         let index = self.index?;
-        if let Some(e) = index.bins[self.bin].get(self.at) {
-            self.at += 1;
-            return Some(*e);
+        if self.at > 0 {
+            self.at -= 1;
+            return Some(index.bins[self.bin][self.at]);
         }
         match index.next_nonempty(self.bin + 1) {
             Some(b) => {
+                let last = index.bins[b].len() - 1;
                 self.bin = b;
-                self.at = 1;
-                Some(index.bins[b][0])
+                self.at = last;
+                Some(index.bins[b][last])
             }
             None => {
                 self.index = None;
@@ -316,9 +341,7 @@ impl BlockPool {
     #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn get(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         let bin = self.index(stream)?.bins.get(bin_of(size))?;
-        bin.binary_search_by(|x| x.key().cmp(&(size, ptr)))
-            .ok()
-            .map(|i| bin[i].id)
+        find_in(bin, size, ptr).map(|i| bin[i].id)
     }
 
     /// Number of free blocks.
@@ -377,7 +400,7 @@ impl BlockPool {
         let at = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
             bin.len() - 1
         } else {
-            bin.binary_search_by(|x| x.key().cmp(&(size, ptr))).ok()?
+            find_in(bin, size, ptr)?
         };
         Some(Slot {
             stream: s as u32,
@@ -399,10 +422,10 @@ impl BlockPool {
         let bin = &mut self.streams[slot.stream as usize].bins[slot.bin as usize];
         let at = slot.at as usize;
         let key = (size, ptr);
-        if at > 0 && bin[at - 1].key() >= key {
+        if at > 0 && bin[at - 1].key() <= key {
             return false;
         }
-        if bin.get(at + 1).is_some_and(|n| n.key() <= key) {
+        if bin.get(at + 1).is_some_and(|n| n.key() >= key) {
             return false;
         }
         bin[at] = Entry { size, ptr, id };
@@ -414,7 +437,11 @@ impl BlockPool {
     pub(crate) fn at_least(&self, stream: StreamId, size: usize) -> AtLeast<'_> {
         let index = self.index(stream);
         match index.and_then(|s| s.lower_bound(size)) {
-            Some((bin, at)) => AtLeast { index, bin, at },
+            Some((bin, at)) => AtLeast {
+                index,
+                bin,
+                at: at + 1,
+            },
             None => AtLeast {
                 index: None,
                 bin: 0,
@@ -435,7 +462,7 @@ impl BlockPool {
             s.bins[..s.bins.len().min(top + 1)]
                 .iter()
                 .rev()
-                .flat_map(|b| b.iter().rev().copied())
+                .flat_map(|b| b.iter().copied())
                 .filter(move |e| e.size < size)
         })
     }
