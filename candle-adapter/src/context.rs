@@ -209,9 +209,22 @@ pub(crate) struct Inner {
     /// handle, so it is counted once. Entries whose handle died are replaced
     /// (the address may have been reused) and pruned as the map grows.
     externals: Mutex<HashMap<usize, (Weak<Handle>, u64)>>,
+    /// The op outputs of the current iteration: id, handle, computed from
+    /// constants only ([`RTensor::is_constant`]). Read and cleared by
+    /// [`Remat::end_iteration`].
+    outputs: Mutex<Vec<(TensorId, Weak<Handle>, bool)>>,
 }
 
 impl Inner {
+    /// Note an op output of the current iteration (see [`Remat::end_iteration`]).
+    pub(crate) fn note_output(&self, id: TensorId, h: Weak<Handle>, constant: bool) -> Typed<()> {
+        self.outputs
+            .lock()
+            .map_err(|_| Error::Poisoned)?
+            .push((id, h, constant));
+        Ok(())
+    }
+
     /// Lock the runtime after releasing pending handles.
     pub(crate) fn lock(&self) -> Typed<MutexGuard<'_, Runtime<Cell>>> {
         let mut rt = self.rt.lock().map_err(|_| Error::Poisoned)?;
@@ -363,6 +376,7 @@ impl Remat {
                 budget,
                 configured_threshold,
                 externals: Mutex::new(HashMap::new()),
+                outputs: Mutex::new(Vec::new()),
             }),
         };
         remat.make_current();
@@ -433,7 +447,8 @@ impl Remat {
         let mut rt = self.inner.lock()?;
         let id = rt.put(Cell::external(t.detach()), bytes).c()?;
         drop(rt);
-        let r = RTensor::from_parts(t, id, self.inner.clone(), true);
+        let constant = !t.track_op();
+        let r = RTensor::from_parts(t, id, self.inner.clone(), true, constant);
         if map.len() >= 64 {
             map.retain(|_, (w, _)| w.strong_count() > 0);
         }
@@ -496,13 +511,73 @@ impl Remat {
     ///   is a typed error (`remat_dtr::Error::StaleValue`), never a silent
     ///   recompute from updated weights. What the step left resident stays
     ///   readable. Read losses and metrics before calling it.
+    /// - Except values computed from constants only ([`RTensor::is_constant`]:
+    ///   label conversions, masks, rotary tables built from inputs): recomputing
+    ///   them is valid in any iteration, so one the step left evicted and the
+    ///   user still holds is restored here (if it fits beside what the user
+    ///   holds resident) and stays readable.
     /// - With a budget, the step is recorded; once steps repeat, each follows a
     ///   plan made from the step before (plan-ahead DTR: evictions chosen
     ///   knowing the step's future, every allocation placed in one arena). A
     ///   step that differs (another shape, another branch) runs online and is
     ///   planned again. The report says whether the step followed a plan.
     pub fn end_iteration(&self) -> Result<IterationReport> {
-        self.inner.lock()?.end_iteration().c()
+        self.finish_iteration(false)
+    }
+
+    /// [`Remat::end_iteration`] for [`crate::nn::Optimizer::backward_step`],
+    /// which has run the backward itself: under a budget, it first evicts the
+    /// step's activations that only candle's graph still holds (no tensor of
+    /// the user's refers to them; candle keeps a graph's inputs private). Only
+    /// another backward through this step's graph could read them; kept, they
+    /// would stay resident, frozen, for as long as the user holds the loss (a
+    /// loop that reads the loss after evaluating a test set holds it through
+    /// the evaluation).
+    pub(crate) fn end_iteration_after_backward(&self) -> Result<IterationReport> {
+        self.finish_iteration(true)
+    }
+
+    fn finish_iteration(&self, drop_graph_only: bool) -> Result<IterationReport> {
+        let noted = std::mem::take(&mut *self.inner.outputs.lock().map_err(|_| Error::Poisoned)?);
+        let mut rt = self.inner.lock()?;
+        let held: Vec<(TensorId, Arc<Handle>, bool)> = noted
+            .iter()
+            .filter_map(|(id, w, c)| w.upgrade().map(|h| (*id, h, *c)))
+            .collect();
+        if drop_graph_only && self.inner.budget.is_some() {
+            // What only candle's graph still holds is read by nothing but
+            // another backward through this step's graph (see
+            // `end_iteration_after_backward`). A dead id (released since) is an
+            // error: skipped.
+            for (id, w, _) in &noted {
+                if w.strong_count() == 0 {
+                    let _ = rt.evict(*id);
+                }
+            }
+        }
+        // Values computed from constants only are valid in any iteration: one
+        // the step left evicted is restored rather than left stale, while what
+        // the user holds resident is pinned (restoring must not evict it). One
+        // that does not fit stays evicted, stale as any other.
+        let mut pins = Vec::new();
+        for (id, _, _) in &held {
+            if rt.is_resident(*id).c()? {
+                rt.pin(*id).c()?;
+                pins.push(*id);
+            }
+        }
+        for (id, _, constant) in &held {
+            if *constant && !rt.is_resident(*id).c()? && rt.pin(*id).is_ok() {
+                pins.push(*id);
+            }
+        }
+        for id in pins {
+            rt.unpin(id).c()?;
+        }
+        let report = rt.end_iteration().c();
+        drop(rt);
+        drop(held);
+        report
     }
 
     /// Record every step from the next [`Remat::end_iteration`] on (from now

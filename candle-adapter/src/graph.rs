@@ -507,7 +507,10 @@ fn apply_typed(
             // Cannot already be set: the node was created above.
             let _ = node.output.set(out_id);
         }
-        Ok(RTensor::from_parts(attached, out_id, ctx.clone(), false))
+        let constant = inputs.iter().all(|t| t.is_constant());
+        let out = RTensor::from_parts(attached, out_id, ctx.clone(), false, constant);
+        ctx.note_output(out_id, out.weak_handle(), constant)?;
+        Ok(out)
     })();
     for id in pinned {
         // The pins were taken above on live handles.

@@ -32,7 +32,7 @@
 //! let varmap = VarMap::new();
 //! let remat = Remat::new(RematConfig::new().with_budget_bytes(16 << 20))?;
 //! // candle-nn's VarBuilder, carrying the context: layers are built as in candle-nn.
-//! let vb = VarBuilder::from_varmap(&remat, &varmap, DType::F32, &dev);
+//! let vb = VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &dev);
 //! let l1 = nn::linear(8, 32, vb.pp("l1"))?;
 //! let l2 = nn::linear(32, 1, vb.pp("l2"))?;
 //! let mut opt = SGD::new(varmap.all_vars(), 0.1)?;

@@ -56,10 +56,17 @@ impl<M: Module> ModuleT for M {
 /// of this module take it where candle-nn's take theirs (`linear(in, out, vb)`),
 /// and [`VarBuilder::get`] returns the variable as an [`RTensor`] of the context
 /// (shared with the `Var`, counted once however often it is fetched).
+///
+/// [`VarBuilder::from_varmap`] has candle-nn's signature and takes the thread's
+/// current context ([`Remat::current`]), so a training loop that builds its
+/// model with `VarBuilder::from_varmap(&varmap, DType::F32, &dev)` ports
+/// unchanged; [`VarBuilder::from_varmap_in`] names the context.
 #[derive(Clone)]
 pub struct VarBuilder<'a> {
     inner: candle_nn::VarBuilder<'a>,
-    remat: Remat,
+    /// The context; `None` when none was current at creation (then the one
+    /// current when a variable is fetched, or a typed error).
+    remat: Option<Remat>,
 }
 
 impl<'a> VarBuilder<'a> {
@@ -67,12 +74,24 @@ impl<'a> VarBuilder<'a> {
     pub fn new(remat: &Remat, inner: candle_nn::VarBuilder<'a>) -> Self {
         Self {
             inner,
-            remat: remat.clone(),
+            remat: Some(remat.clone()),
         }
     }
     /// Variables of `varmap` (created on first use with the builders'
-    /// initializations), as candle-nn's `VarBuilder::from_varmap`.
-    pub fn from_varmap(
+    /// initializations), in the thread's current context: candle-nn's
+    /// `VarBuilder::from_varmap`, same signature. The context is the one
+    /// current now ([`Remat::current`]: created last on this thread, or made
+    /// current); if none is, the one current when a variable is fetched, and a
+    /// typed error then if there is still none.
+    pub fn from_varmap(varmap: &VarMap, dtype: DType, device: &candle_core::Device) -> Self {
+        Self {
+            inner: candle_nn::VarBuilder::from_varmap(varmap, dtype, device),
+            remat: Remat::current().ok(),
+        }
+    }
+    /// Variables of `varmap` in the context `remat` (see
+    /// [`VarBuilder::from_varmap`]).
+    pub fn from_varmap_in(
         remat: &Remat,
         varmap: &VarMap,
         dtype: DType,
@@ -83,9 +102,13 @@ impl<'a> VarBuilder<'a> {
             candle_nn::VarBuilder::from_varmap(varmap, dtype, device),
         )
     }
-    /// The context.
-    pub fn remat(&self) -> &Remat {
-        &self.remat
+    /// The context (see [`VarBuilder::from_varmap`]); a typed error when the
+    /// builder has none and none is current.
+    pub fn remat(&self) -> Result<Remat> {
+        match &self.remat {
+            Some(r) => Ok(r.clone()),
+            None => Remat::current(),
+        }
     }
     /// candle-nn's builder underneath (for plain candle-nn layers).
     pub fn candle(&self) -> &candle_nn::VarBuilder<'a> {
@@ -117,7 +140,7 @@ impl<'a> VarBuilder<'a> {
     /// The variable `name` of shape `s` (candle-nn's default initialization when
     /// created), as an input of the context.
     pub fn get<S: Into<candle_core::Shape>>(&self, s: S, name: &str) -> Result<RTensor> {
-        self.remat.input(&self.inner.get(s, name)?)
+        self.remat()?.input(&self.inner.get(s, name)?)
     }
     /// The variable `name` of shape `s`, initialized by `init` when created.
     pub fn get_with_hints<S: Into<candle_core::Shape>>(
@@ -126,7 +149,8 @@ impl<'a> VarBuilder<'a> {
         name: &str,
         init: Init,
     ) -> Result<RTensor> {
-        self.remat.input(&self.inner.get_with_hints(s, name, init)?)
+        self.remat()?
+            .input(&self.inner.get_with_hints(s, name, init)?)
     }
 }
 
@@ -154,12 +178,17 @@ pub trait Optimizer: Sized {
     /// when this returns (reading it gives this step's value, as in candle's
     /// `backward_step` then `loss.to_vec0()`), and any value the step left
     /// evicted reads as a typed `StaleValue` error, never as a recomputation.
+    /// Under a budget, the step's activations that only the loss's graph still
+    /// holds (no tensor of the user's refers to them) are evicted before the
+    /// iteration ends: a loop that keeps the loss through an evaluation (as
+    /// candle's mnist-training does) then does not keep the step's activations
+    /// resident with it.
     /// Do not call `end_iteration` again for this step.
     fn backward_step(&mut self, loss: &RTensor) -> Result<()> {
         let grads = loss.backward()?;
         drop(loss.pinned()?);
         self.step(&grads)?;
-        loss.remat().end_iteration()?;
+        loss.remat().end_iteration_after_backward()?;
         Ok(())
     }
 }
@@ -255,7 +284,7 @@ impl Module for Linear {
 /// candle-nn's `linear` (with bias) over `vb`.
 pub fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
     Linear::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::linear(in_dim, out_dim, vb.inner.clone())?,
     )
 }
@@ -263,7 +292,7 @@ pub fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
 /// candle-nn's `linear_b`: with a bias when `bias`.
 pub fn linear_b(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
     Linear::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::linear_b(in_dim, out_dim, bias, vb.inner.clone())?,
     )
 }
@@ -271,7 +300,7 @@ pub fn linear_b(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Re
 /// candle-nn's `linear_no_bias` over `vb`.
 pub fn linear_no_bias(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
     Linear::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::linear_no_bias(in_dim, out_dim, vb.inner.clone())?,
     )
 }
@@ -340,7 +369,7 @@ pub fn conv1d(
     vb: VarBuilder,
 ) -> Result<Conv1d> {
     Conv1d::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::conv1d(
             in_channels,
             out_channels,
@@ -360,7 +389,7 @@ pub fn conv1d_no_bias(
     vb: VarBuilder,
 ) -> Result<Conv1d> {
     Conv1d::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::conv1d_no_bias(
             in_channels,
             out_channels,
@@ -492,7 +521,7 @@ pub fn conv_transpose2d(
     vb: VarBuilder,
 ) -> Result<ConvTranspose2d> {
     ConvTranspose2d::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::conv_transpose2d(
             in_channels,
             out_channels,
@@ -512,7 +541,7 @@ pub fn conv2d(
     vb: VarBuilder,
 ) -> Result<Conv2d> {
     Conv2d::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::conv2d(
             in_channels,
             out_channels,
@@ -532,7 +561,7 @@ pub fn conv2d_no_bias(
     vb: VarBuilder,
 ) -> Result<Conv2d> {
     Conv2d::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::conv2d_no_bias(
             in_channels,
             out_channels,
@@ -635,7 +664,7 @@ pub fn layer_norm<C: Into<LayerNormConfig>>(
     vb: VarBuilder,
 ) -> Result<LayerNorm> {
     LayerNorm::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::layer_norm(size, config, vb.inner.clone())?,
     )
 }
@@ -643,7 +672,7 @@ pub fn layer_norm<C: Into<LayerNormConfig>>(
 /// candle-nn's `layer_norm_no_bias` over `vb`.
 pub fn layer_norm_no_bias(size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
     LayerNorm::from_candle(
-        vb.remat(),
+        &vb.remat()?,
         &candle_nn::layer_norm_no_bias(size, eps, vb.inner.clone())?,
     )
 }
@@ -683,7 +712,7 @@ impl Module for RmsNorm {
 /// candle-nn's `rms_norm` over `vb` (weight 1).
 pub fn rms_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
     let rms = candle_nn::rms_norm(size, eps, vb.inner.clone())?;
-    Ok(RmsNorm::new(vb.remat().input(rms.weight())?, eps))
+    Ok(RmsNorm::new(vb.remat()?.input(rms.weight())?, eps))
 }
 
 /// Batch normalization in training mode over dimension 1 (batch statistics, the
@@ -777,7 +806,7 @@ impl Module for Embedding {
 pub fn embedding(n: usize, hidden: usize, vb: VarBuilder) -> Result<Embedding> {
     let e = candle_nn::embedding(n, hidden, vb.inner.clone())?;
     Ok(Embedding {
-        table: vb.remat().input(e.embeddings())?,
+        table: vb.remat()?.input(e.embeddings())?,
         hidden_size: hidden,
     })
 }

@@ -26,6 +26,8 @@ pub(crate) struct Handle {
     ctx: Arc<Inner>,
     /// External data (an input or a parameter): never evicted.
     external: bool,
+    /// Computed from constants only (see [`RTensor::is_constant`]).
+    constant: bool,
 }
 
 impl Drop for Handle {
@@ -166,10 +168,21 @@ impl Bin {
 }
 
 impl RTensor {
-    pub(crate) fn from_parts(t: Tensor, id: TensorId, ctx: Arc<Inner>, external: bool) -> Self {
+    pub(crate) fn from_parts(
+        t: Tensor,
+        id: TensorId,
+        ctx: Arc<Inner>,
+        external: bool,
+        constant: bool,
+    ) -> Self {
         Self {
             t,
-            h: Arc::new(Handle { id, ctx, external }),
+            h: Arc::new(Handle {
+                id,
+                ctx,
+                external,
+                constant,
+            }),
         }
     }
 
@@ -188,6 +201,17 @@ impl RTensor {
     /// which the runtime never evicts.
     pub fn is_external(&self) -> bool {
         self.h.external
+    }
+
+    /// Whether the value is a function of constants only: external data that
+    /// tracks no gradient ([`Remat::input`] of plain data, not a parameter), or
+    /// the output of ops whose inputs all are. Recomputing such a value is
+    /// valid in any iteration, so [`Remat::end_iteration`] restores one the
+    /// step left evicted (and still held) instead of leaving it stale: label
+    /// conversions, masks and rotary tables computed before the first step stay
+    /// readable.
+    pub fn is_constant(&self) -> bool {
+        self.h.constant
     }
 
     pub(crate) fn ctx(&self) -> &Arc<Inner> {
@@ -488,6 +512,24 @@ impl RTensor {
             |x| x.force_contiguous(),
             |_, _, g| Ok(g.clone()),
         )
+    }
+    /// candle's `to_device`: itself on its own device (as candle returns it). A
+    /// context places one device, so a move to another device is a typed
+    /// `Unsupported` error: bring the data in on the target device with
+    /// [`Remat::input`] instead.
+    pub fn to_device(&self, device: &Device) -> Result<RTensor> {
+        if self.device().same_device(device) {
+            return Ok(self.clone());
+        }
+        Err(crate::error::Error::unsupported(
+            "to_device",
+            format!(
+                "a remat context places one device; this tensor is on {:?}, not {:?}: \
+                 bring the data in on the target device with Remat::input",
+                self.device().location(),
+                device.location()
+            ),
+        ))
     }
     /// Convert the element type (itself when already `dtype`).
     pub fn to_dtype(&self, dtype: DType) -> Result<RTensor> {

@@ -40,7 +40,7 @@ impl Module for Block {
 fn candle_result_bail_and_tail_forward_compile_and_run() {
     let remat = Remat::unbounded().unwrap();
     let varmap = VarMap::new();
-    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
+    let vb = nn::VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &Device::Cpu);
     let block = Block {
         linear: nn::linear(4, 3, vb.pp("l")).unwrap(),
     };
@@ -177,7 +177,7 @@ fn with_tracing_layers_match_the_nn_ones() {
     use remat_candle::nn::with_tracing;
     let remat = Remat::unbounded().unwrap();
     let varmap = VarMap::new();
-    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
+    let vb = nn::VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &Device::Cpu);
     let traced = with_tracing::RmsNorm::new(8, 1e-6, vb.pp("n")).unwrap();
     let plain = nn::rms_norm(8, 1e-6, vb.pp("n")).unwrap(); // the same variable
     let x = remat.input(&rand(4, &[3, 8], -1.0, 1.0)).unwrap();
@@ -192,4 +192,14 @@ fn with_tracing_layers_match_the_nn_ones() {
         emb.embeddings().storage_id().unwrap()
     );
     assert_eq!(head.forward(&x).unwrap().dims(), &[3, 10]);
+}
+
+#[test]
+fn to_device_on_its_own_device_is_the_same_tensor() {
+    let remat = remat_candle::Remat::unbounded().unwrap();
+    let x = remat.input(&common::rand(1, &[3, 4], -1.0, 1.0)).unwrap();
+    let y = (&x + 1.0).unwrap();
+    let moved = y.to_device(&candle_core::Device::Cpu).unwrap();
+    assert_eq!(moved.storage_id().unwrap(), y.storage_id().unwrap());
+    assert_eq!(moved.id(), y.id());
 }

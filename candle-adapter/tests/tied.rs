@@ -202,7 +202,7 @@ fn tied_embeddings_train_bit_identically_to_plain_candle() {
 fn a_shared_storage_is_counted_once() {
     let remat = Remat::unbounded().unwrap();
     let varmap = VarMap::new();
-    let vb = nn::VarBuilder::from_varmap(&remat, &varmap, DType::F32, &Device::Cpu);
+    let vb = nn::VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &Device::Cpu);
     let emb = nn::embedding(VOCAB, DIM, vb.pp("embed")).unwrap();
     let before = remat.stats().unwrap().live_bytes;
     assert_eq!(before, (VOCAB * DIM * 4) as u64);

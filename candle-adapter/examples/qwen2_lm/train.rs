@@ -169,12 +169,8 @@ pub fn train_remat(s: &Size, dtr: DtrConfig, budget: Option<u64>) -> Result<Run>
         None => cfg,
     })?;
     let varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&remat, &varmap, DType::F32, &dev);
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
     let mut model = ModelForCausalLM::new(&config!(Config, s), vb)?;
-    // The constructor computed the rotary tables with ops: ending an iteration
-    // here freezes them (resident, never evicted), so an eviction in the first
-    // step cannot leave them stale for the next.
-    remat.end_iteration()?;
     seeded_init(&varmap)?;
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let (x, y) = tokens(s, &dev)?;
