@@ -1,11 +1,11 @@
-//! candle-transformers' shared helpers over [`RTensor`], under their names: its
+//! candle-transformers' shared helpers over [`RTensor`](crate::RTensor), under their names: its
 //! model files call `crate::utils::repeat_kv(..)` and import
 //! `crate::models::with_tracing::{..}`. A crate that copies such a file gives it
 //! `mod utils { pub use remat_candle::transformers::utils::*; }` (or imports from
 //! here), and `remat_candle::nn::with_tracing` (also
 //! [`models::with_tracing`]) for the layers.
 
-/// candle-transformers' `utils` (0.11.1): the same code over [`RTensor`].
+/// candle-transformers' `utils` (0.11.1): the same code over [`RTensor`](crate::RTensor).
 pub mod utils {
     use candle_core::Device;
 
