@@ -915,3 +915,42 @@ fn activations_match_candle_nn() {
         );
     }
 }
+
+#[test]
+fn candle_transformers_helpers_and_to_device() {
+    // candle-transformers 0.11.1's `utils::repeat_kv`, in plain candle.
+    fn plain_repeat_kv(xs: &Tensor, n_rep: usize) -> candle_core::Result<Tensor> {
+        let (b_sz, n_kv_head, seq_len, head_dim) = xs.dims4()?;
+        Tensor::cat(&vec![xs; n_rep], 2)?.reshape((b_sz, n_kv_head * n_rep, seq_len, head_dim))
+    }
+    both(
+        "repeat_kv",
+        &[m(&[2, 2, 3, 4], 160)],
+        &|x| plain_repeat_kv(&x[0], 3)?.sqr(),
+        &|x| remat_candle::transformers::utils::repeat_kv(x[0].clone(), 3)?.sqr(),
+    );
+    both(
+        "to_device",
+        &[m(&[3, 4], 161)],
+        &|x| x[0].to_device(&Device::Cpu)?.exp(),
+        &|x| x[0].to_device(&Device::Cpu)?.exp(),
+    );
+}
+
+#[test]
+fn build_causal_mask_is_candle_transformers_mask() {
+    let remat = Remat::unbounded().unwrap();
+    for (t, pos) in [(4, 0), (3, 2)] {
+        let m = remat_candle::transformers::utils::build_causal_mask(t, pos, &Device::Cpu).unwrap();
+        assert!(m.is_constant() && m.is_external());
+        assert_eq!(m.dims(), &[t, t + pos]);
+        let rows = m.to_vec2::<u8>().unwrap();
+        for (i, row) in rows.iter().enumerate() {
+            // Query i sees the cached prefix and itself, not the keys after it.
+            let visible = row.iter().filter(|&&v| v == 0).count();
+            assert_eq!(visible, pos + i + 1, "row {i} of ({t}, {pos})");
+            assert!(row[..pos + i + 1].iter().all(|&v| v == 0));
+        }
+    }
+    drop(remat);
+}
