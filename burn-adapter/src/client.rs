@@ -288,18 +288,18 @@ impl<B: BackendIr> State<B> {
                 groups.entry(e.t).or_default().push(*id);
             }
         }
-        // Resident storages first: rooting them needs no memory and frees the
-        // lineage that only they kept, which leaves room to regenerate the rest.
-        // Then in creation order, the same in every step (slab indices are
-        // not), so that the seal's calls repeat and a plan can be followed.
+        // In creation order, the same in every step (slab indices are not);
+        // one runtime call whatever the residency, so that the seal repeats
+        // and a plan can be followed through it.
         let mut order = Vec::with_capacity(groups.len());
         for (t, ids) in groups {
-            order.push((!st.rt.is_resident(t)?, st.rt.creation_rank(t)?, t, ids));
+            order.push((st.rt.creation_rank(t)?, t, ids));
         }
-        order.sort_unstable_by_key(|(evicted, key, ..)| (*evicted, *key));
+        order.sort_unstable_by_key(|(key, ..)| *key);
         let n = order.len();
-        for (_, _, t, ids) in order {
-            st.rt.make_root(t)?;
+        let roots: Vec<remat_dtr::TensorId> = order.iter().map(|(_, t, _)| *t).collect();
+        st.rt.make_roots(&roots)?;
+        for (_, _, ids) in order {
             for id in &ids {
                 if let Some(e) = st.entries.get_mut(id) {
                     e.root = true;

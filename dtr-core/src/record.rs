@@ -75,6 +75,9 @@ pub enum Event {
     Evict(Ref),
     /// The tensor's storage was cut from its history.
     MakeRoot(Ref),
+    /// Several tensors cut from their history in one call
+    /// ([`crate::Runtime::make_roots`]), in the caller's order.
+    MakeRoots(Vec<Ref>),
 }
 
 impl Event {
@@ -164,6 +167,7 @@ pub(crate) enum Call<'a> {
     Release(TensorId),
     Evict(TensorId),
     MakeRoot(TensorId),
+    MakeRoots(&'a [TensorId]),
 }
 
 impl Call<'_> {
@@ -204,6 +208,7 @@ impl Call<'_> {
             Call::Release(t) => Event::Release(name_of(t)),
             Call::Evict(t) => Event::Evict(name_of(t)),
             Call::MakeRoot(t) => Event::MakeRoot(name_of(t)),
+            Call::MakeRoots(ts) => Event::MakeRoots(ts.iter().map(|&t| name_of(t)).collect()),
         }
     }
 
@@ -254,6 +259,7 @@ impl Call<'_> {
             | (Call::Release(t), Event::Release(r))
             | (Call::Evict(t), Event::Evict(r))
             | (Call::MakeRoot(t), Event::MakeRoot(r)) => name_of(t) == *r,
+            (Call::MakeRoots(ts), Event::MakeRoots(rs)) => same_refs(ts, rs),
             _ => false,
         }
     }

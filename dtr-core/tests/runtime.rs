@@ -224,6 +224,38 @@ fn regeneration_evicts_parked_inputs_as_a_last_resort() {
 }
 
 #[test]
+fn make_roots_cuts_resident_and_evicted_storages_in_one_call() {
+    let mut rt = logical(1_000, PolicyKind::DtrEq);
+    let x = rt.put(1, 100).unwrap();
+    let a = rt
+        .apply(op(1, 1), &[x], &[OutputSpec::fresh(100)], 1)
+        .unwrap()[0];
+    let b = rt
+        .apply(op(2, 1), &[a], &[OutputSpec::fresh(100)], 1)
+        .unwrap()[0];
+    let c = rt
+        .apply(op(3, 1), &[b], &[OutputSpec::fresh(100)], 1)
+        .unwrap()[0];
+    let (va, vc) = (*rt.access(a).unwrap(), *rt.access(c).unwrap());
+    rt.release(b).unwrap();
+    assert!(rt.evict(a).unwrap());
+    // c first in the caller's order, a evicted: c is cut first either way;
+    // x is external already and a named twice is cut once.
+    assert_eq!(rt.make_roots(&[a, c, x, a]).unwrap(), 2);
+    assert_eq!((*rt.access(a).unwrap(), *rt.access(c).unwrap()), (va, vc));
+    assert!(!rt.evict(a).unwrap() && !rt.evict(c).unwrap());
+    // b was read only by c's compute path: gone with it.
+    assert_eq!(rt.storage_count(), 3);
+    rt.check_invariants().unwrap();
+    // A tensor that does not exist is a typed error, before anything is cut.
+    rt.release(c).unwrap();
+    assert!(matches!(
+        rt.make_roots(&[a, c]),
+        Err(remat_dtr::Error::UnknownTensor(_))
+    ));
+}
+
+#[test]
 fn make_root_cuts_history_and_frees_what_only_it_kept() {
     let mut rt = logical(1_000, PolicyKind::DtrEq);
     let x = rt.put(1, 100).unwrap();

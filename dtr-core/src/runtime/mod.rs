@@ -1051,6 +1051,39 @@ impl<V> Runtime<V> {
     pub fn make_root(&mut self, t: TensorId) -> Result<bool> {
         let s = self.tensor(t)?.storage;
         self.note(Call::MakeRoot(t), &[]);
+        self.root_storage(s)
+    }
+
+    /// [`Runtime::make_root`] for every tensor of `ts` in one call (a training
+    /// step's seal: parameters and optimizer state). Resident storages go first
+    /// (rooting them needs no memory and frees the lineage only they kept, which
+    /// leaves room to regenerate the rest), then the evicted ones, each group in
+    /// the caller's order. One call whatever the residency, so a step's seal
+    /// repeats exactly and a plan can be followed through it. Returns how many
+    /// storages were cut (not external already).
+    pub fn make_roots(&mut self, ts: &[TensorId]) -> Result<usize> {
+        let mut storages = Vec::with_capacity(ts.len());
+        for &t in ts {
+            storages.push(self.tensor(t)?.storage);
+        }
+        self.note(Call::MakeRoots(ts), &[]);
+        let mut order: Vec<(bool, StorageId)> = storages
+            .into_iter()
+            .map(|s| (!self.graph.st(s).is_resident(), s))
+            .collect();
+        // Stable: the caller's order within each group.
+        order.sort_by_key(|&(evicted, _)| evicted);
+        let mut cut = 0;
+        for (_, s) in order {
+            // A storage named twice is external after its first cut.
+            if self.root_storage(s)? {
+                cut += 1;
+            }
+        }
+        Ok(cut)
+    }
+
+    fn root_storage(&mut self, s: StorageId) -> Result<bool> {
         let Some(op) = self.graph.st(s).producer else {
             return Ok(false);
         };
