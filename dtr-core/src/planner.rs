@@ -13,6 +13,7 @@
 //! | `learned:dead` | remat's score, with storages the recording never reads again free |
 //! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
+//! | `msps-full` | MSPS, full scan: recompute cost of the evicted lineage per byte, no staleness (no future) |
 //!
 //! Each simulation runs under a *logical* budget B' and logs its allocations
 //! (with lifetimes) and its policy evictions (with the allocation they made room
@@ -46,6 +47,7 @@ use crate::op::{OpHandle, OutputSpec};
 use crate::policy::{make_policy, EvictionPolicy};
 use crate::record::{Event, Recording, Ref};
 use crate::replay::oracle::{self, EStar, Future, OracleKind};
+use crate::replay::FIRST_ITERATION_LIMIT;
 use crate::runtime::Runtime;
 
 /// Shrinks of the simulated budget tried per portfolio entry.
@@ -63,7 +65,7 @@ enum Entry {
     Online(PolicyKind, bool),
 }
 
-const PORTFOLIO: [(&str, Entry); 5] = [
+const PORTFOLIO: [(&str, Entry); 6] = [
     (
         "learned:next-use",
         Entry::Learned(OracleKind::NextUse, EStar::UnionFind),
@@ -80,6 +82,7 @@ const PORTFOLIO: [(&str, Entry); 5] = [
     // always at least repeat what the online runtime does.
     ("online", Entry::Configured),
     ("dtr-full", Entry::Online(PolicyKind::Dtr, false)),
+    ("msps-full", Entry::Online(PolicyKind::Msps, false)),
 ];
 
 /// How a simulation places its allocations.
@@ -169,16 +172,20 @@ pub(crate) fn plan_iteration(
         }))
 }
 
-/// The smallest budget under which some portfolio entry replays `rec` at a
-/// cost of at most `max_overhead` times its first computations, found by
+/// The smallest budget under which the configured policy replays `rec` online
+/// within the replayer's first-iteration limit ([`FIRST_ITERATION_LIMIT`] times
+/// its first computations: a first step at that budget finishes) and some
+/// portfolio entry replays it at a cost of at most `max_overhead` times its
+/// first computations (the planned steps after it), found by
 /// bisection (to 512 B under a physical budget, where the arena rounds to
 /// that, and to 1 B under a logical one). Physical budgets are simulated as a
 /// compacting arena (each request rounded to 512 B, no fragmentation): the
 /// floor the online runtime reaches once it falls back to one. A plan at that
 /// budget must also be placed without moving blocks, so a planned step may
-/// need a little more. The answer is always a budget that was simulated feasible; bisection
-/// assumes feasibility grows with the budget, so where it does not, a smaller
-/// feasible budget may exist. `Ok(None)`: not even a budget that holds every
+/// need a little more (the runtime adopts a plan only where it is cheaper than
+/// the online step). Bisection assumes feasibility grows with the budget, so
+/// where it does not, a smaller feasible budget may exist. `Ok(None)`: not
+/// even a budget that holds every
 /// allocation of the iteration at once replays it.
 pub(crate) fn min_feasible_budget(
     rec: &Recording,
@@ -189,6 +196,10 @@ pub(crate) fn min_feasible_budget(
     let limit_ns = max_overhead * rec.compute_ns() as f64;
     let physical = config.budget_mode == BudgetMode::Physical;
     let step = if physical { ARENA_ALIGN } else { 1 };
+    // The first step at the budget runs online with the configured policy:
+    // it must finish (within the replayer's first-iteration limit); the steps
+    // after it follow a plan, which must cost at most `max_overhead`.
+    let first_limit_ns = FIRST_ITERATION_LIMIT.max(max_overhead) * rec.compute_ns() as f64;
     let feasible = |b: u64| -> Result<bool> {
         let how = if physical {
             Placement::Compacting(b)
@@ -196,7 +207,25 @@ pub(crate) fn min_feasible_budget(
             Placement::Logical(b)
         };
         let config = config.clone().with_budget(b);
+        let online = simulate(
+            rec,
+            &config,
+            Entry::Configured,
+            how,
+            b,
+            first_limit_ns,
+            &future,
+        )?;
+        let Some(online) = online.filter(|s| s.total_ns <= first_limit_ns * (1.0 + 1e-9)) else {
+            return Ok(false);
+        };
+        if online.total_ns <= limit_ns * (1.0 + 1e-9) {
+            return Ok(true);
+        }
         for (_, entry) in PORTFOLIO {
+            if matches!(entry, Entry::Configured) {
+                continue;
+            }
             // The limit stops a simulation before a replay that starts past it;
             // the total is checked here.
             let sim = simulate(rec, &config, entry, how, b, limit_ns, &future)?;
@@ -668,6 +697,10 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
             }
             Event::MakeRoot(r) => {
                 rt.make_root(get(r)?)?;
+            }
+            Event::MakeRoots(rs) => {
+                let ts = rs.iter().map(get).collect::<Result<Vec<_>>>()?;
+                rt.make_roots(&ts)?;
             }
         }
     }

@@ -145,8 +145,10 @@ impl<V> Runtime<V> {
     /// recorded iteration replays at a cost of at most `max_overhead` times its
     /// first computations (1.0: no replay at all; the replayer's thrash limit is
     /// 2.0). Answered offline, by bisection over simulations of the recording
-    /// with plan-ahead's portfolio of policies: a budget a plan can be made for.
-    /// The first, online step at that budget may cost more.
+    /// with plan-ahead's portfolio of policies: a budget a plan can be made for,
+    /// at which the first, online step with the configured policy also
+    /// finishes (it may cost more: up to the replayer's first-iteration limit,
+    /// [`crate::replay::FIRST_ITERATION_LIMIT`] times).
     ///
     /// Errors: `max_overhead` not a number ≥ 1 ([`Error::InvalidArgument`]); no iteration
     /// recorded whole yet ([`Error::NotRecorded`]: call
