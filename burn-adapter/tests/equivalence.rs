@@ -12,7 +12,7 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Distribution, Int, Tensor, TensorData};
 use model::{adam, param_bits, train, train_batches, Dims, TinyNet, Trace};
 use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions, Sealing};
-use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
+use remat_dtr::{BudgetMode, DtrConfig};
 
 type Ref = Autodiff<NdArray>;
 type Ours = Autodiff<Dtr<NdArray>>;
@@ -24,12 +24,12 @@ static RNG: Mutex<()> = Mutex::new(());
 const STEPS: usize = 3;
 
 /// A device with deterministic eviction decisions: costs from the IR (not the
-/// clock), a full scan of the candidates, MSPS (the one policy that trains the
-/// test model at 30 % without thrashing; see docs/burn.md).
+/// clock), a full scan of the candidates, the default policy (`remat`; its
+/// first step at 30 % replays more than MSPS would, and the steps after it
+/// follow a plan; see docs/burn.md).
 fn dtr_device(budget: Option<u64>) -> DtrDevice<NdArray> {
     let mut config = DtrConfig::default()
         .with_budget_mode(BudgetMode::Logical)
-        .with_policy(PolicyKind::Msps)
         .with_sampling(false)
         .with_filter(false);
     if let Some(b) = budget {
@@ -418,10 +418,11 @@ fn the_smallest_budget_query_answers_a_budget_that_trains() {
     assert_eq!(trace.losses, ref_trace.losses, "losses at the floor");
     assert_eq!(trace.params, ref_trace.params, "parameters at the floor");
     eprintln!("at the floor: {}", device.stats().runtime);
+    // The steady step costs at most 2x, planned or online (a plan is adopted
+    // only where it is cheaper than the online step).
     let last = device.stats().last_iteration.expect("Sealing ends steps");
-    assert!(last.planned, "{last:?}");
     assert!(
         last.remat_ns <= last.compute_ns * (1.0 + 1e-9),
-        "the planned step costs at most 2x: {last:?}"
+        "the steady step costs at most 2x: {last:?}"
     );
 }
