@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use remat_dtr::{
     AllocatorConfig, BudgetMode, DtrConfig, Error, OpError, OpHandle, OutputSpec, PolicyKind,
-    Runtime,
+    Runtime, TensorId,
 };
 
 mod common;
@@ -223,19 +223,22 @@ fn regeneration_evicts_parked_inputs_as_a_last_resort() {
     rt.check_invariants().unwrap();
 }
 
+/// External `x` (100 B) and `a`, `b`, `c` (100 B each) computed from it in turn.
+fn chain_of_three(rt: &mut Runtime<u64>) -> [TensorId; 4] {
+    let x = rt.put(1, 100).unwrap();
+    let mut out = [x; 4];
+    for k in 1..4 {
+        out[k] = rt
+            .apply(op(k as u64, 1), &[out[k - 1]], &[OutputSpec::fresh(100)], 1)
+            .unwrap()[0];
+    }
+    out
+}
+
 #[test]
 fn make_roots_cuts_resident_and_evicted_storages_in_one_call() {
     let mut rt = logical(1_000, PolicyKind::DtrEq);
-    let x = rt.put(1, 100).unwrap();
-    let a = rt
-        .apply(op(1, 1), &[x], &[OutputSpec::fresh(100)], 1)
-        .unwrap()[0];
-    let b = rt
-        .apply(op(2, 1), &[a], &[OutputSpec::fresh(100)], 1)
-        .unwrap()[0];
-    let c = rt
-        .apply(op(3, 1), &[b], &[OutputSpec::fresh(100)], 1)
-        .unwrap()[0];
+    let [x, a, b, c] = chain_of_three(&mut rt);
     let (va, vc) = (*rt.access(a).unwrap(), *rt.access(c).unwrap());
     rt.release(b).unwrap();
     assert!(rt.evict(a).unwrap());
@@ -251,23 +254,14 @@ fn make_roots_cuts_resident_and_evicted_storages_in_one_call() {
     rt.release(c).unwrap();
     assert!(matches!(
         rt.make_roots(&[a, c]),
-        Err(remat_dtr::Error::UnknownTensor(_))
+        Err(Error::UnknownTensor(_))
     ));
 }
 
 #[test]
 fn make_root_cuts_history_and_frees_what_only_it_kept() {
     let mut rt = logical(1_000, PolicyKind::DtrEq);
-    let x = rt.put(1, 100).unwrap();
-    let a = rt
-        .apply(op(1, 1), &[x], &[OutputSpec::fresh(100)], 1)
-        .unwrap()[0];
-    let b = rt
-        .apply(op(2, 1), &[a], &[OutputSpec::fresh(100)], 1)
-        .unwrap()[0];
-    let c = rt
-        .apply(op(3, 1), &[b], &[OutputSpec::fresh(100)], 1)
-        .unwrap()[0];
+    let [x, a, b, c] = chain_of_three(&mut rt);
     let vc = *rt.access(c).unwrap();
     rt.release(a).unwrap();
     rt.release(b).unwrap();
