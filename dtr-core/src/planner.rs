@@ -651,7 +651,14 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
             }
             .ok_or_else(missing)
         };
+        // A handle on a boundary tensor whose storage was evicted at the
+        // boundary: the simulation holds no tensor for it (it owns no memory),
+        // so dropping, taking or evicting it changes nothing. Reading it would
+        // have failed the recorded step (a stale value).
+        let absent =
+            |r: &Ref| matches!(*r, Ref::Prefix(k) if matches!(prefix.get(k as usize), Some(None)));
         match ev {
+            Event::Release(r) | Event::Retain(r) | Event::Evict(r) if absent(r) => {}
             Event::Put { bytes } => news.push(rt.put((), *bytes)?),
             Event::Apply {
                 inputs,

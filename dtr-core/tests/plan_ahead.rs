@@ -309,3 +309,37 @@ fn traces_replayed_as_iterations_settle_on_a_plan() {
         assert_eq!(r.steady_overhead, Some(last.overhead));
     }
 }
+
+#[test]
+fn a_value_evicted_at_the_boundary_can_be_dropped_in_a_planned_step() {
+    // Each step leaves one value evicted at its end and drops its handle in
+    // the next step. The boundary holds that tensor without memory; the
+    // plan's simulations must take the drop, not fail on it (they did: every
+    // simulation failed and no step was ever planned).
+    let (ref_losses, ref_weights, _, _) = train(DtrConfig::default(), 5, |_| (None, None));
+    let config = DtrConfig::default()
+        .with_budget(unbounded_peak() * 6 / 10)
+        .with_budget_mode(BudgetMode::Logical);
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let ws = weights(&mut rt, 8);
+    let (mut losses, mut reports, mut carried) = (Vec::new(), Vec::new(), None);
+    for it in 0..5 {
+        if let Some(c) = carried.take() {
+            rt.release(c).unwrap();
+        }
+        losses.push(step(&mut rt, &ws, it, 12 * MIB, None, None).unwrap());
+        let c = rt
+            .apply(op("carry", 7), &[ws[0]], &[OutputSpec::fresh(MIB)], 100)
+            .unwrap()[0];
+        assert!(rt.evict(c).unwrap());
+        carried = Some(c);
+        reports.push(rt.end_iteration().unwrap());
+        rt.check_invariants().unwrap();
+    }
+    assert_eq!(losses, ref_losses);
+    let finals: Vec<u64> = ws.iter().map(|&w| *rt.access(w).unwrap()).collect();
+    assert_eq!(finals, ref_weights);
+    for r in &reports[3..] {
+        assert!(r.planned && r.divergences == 0, "{r:?}");
+    }
+}
