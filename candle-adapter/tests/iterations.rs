@@ -128,10 +128,8 @@ fn the_smallest_budget_query_answers_a_budget_that_trains() {
         floor < peak,
         "replays let a step fit below its peak ({floor} vs {peak} B)"
     );
-    // Every step trains there, bit-identically. (Costs are measured wall
-    // clock here, so whether a later step follows a plan, and at what replay
-    // cost, varies between runs; remat-burn's test, with analytic costs,
-    // checks that the planned step stays within 2x.)
+    // Every step trains there, bit-identically. (remat-burn's test checks
+    // the steady step's replay cost too.)
     let (losses, reports, used, _) = train(Some(floor), 4, None);
     assert_eq!(losses, free, "bit-identical at the floor");
     assert!(used <= floor);

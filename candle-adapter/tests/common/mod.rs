@@ -49,7 +49,9 @@ pub fn bits(t: &Tensor) -> Vec<u64> {
 pub fn logical_remat(budget: Option<u64>) -> remat_candle::Remat {
     let dtr =
         remat_candle::DtrConfig::default().with_budget_mode(remat_candle::BudgetMode::Logical);
-    let cfg = remat_candle::RematConfig::new().with_dtr(dtr);
+    let cfg = remat_candle::RematConfig::new()
+        .with_dtr(dtr)
+        .with_cost_model(remat_candle::CostModel::OutputBytes);
     let cfg = match budget {
         Some(b) => cfg.with_budget_bytes(b),
         None => cfg,
