@@ -185,8 +185,8 @@ pub(crate) fn plan_iteration(
 /// need a little more (the runtime adopts a plan only where it is cheaper than
 /// the online step). Bisection assumes feasibility grows with the budget, so
 /// where it does not, a smaller feasible budget may exist. `Ok(None)`: not
-/// even a budget that holds every
-/// allocation of the iteration at once replays it.
+/// even a budget that holds every allocation of the iteration at once replays
+/// it.
 pub(crate) fn min_feasible_budget(
     rec: &Recording,
     config: &DtrConfig,
