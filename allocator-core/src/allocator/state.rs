@@ -677,21 +677,7 @@ impl State {
         *held = pool.find(stream, s_size, s_ptr);
         debug_assert!(held.is_some(), "block {src:?} was not in its pool");
         self.blocks.remove(src);
-        let d = &mut self.blocks[dst];
-        if d.prev == Some(src) {
-            d.ptr = s_ptr;
-            d.prev = s_prev;
-            d.size += s_size;
-            if let Some(p) = s_prev {
-                self.blocks[p].next = Some(dst);
-            }
-        } else {
-            d.next = s_next;
-            d.size += s_size;
-            if let Some(n) = s_next {
-                self.blocks[n].prev = Some(dst);
-            }
-        }
+        self.splice_absorbed(dst, src, s_ptr, s_size, s_prev, s_next);
         s_size
     }
 
@@ -710,22 +696,37 @@ impl State {
             self.remove_unmapped(src);
         }
         self.blocks.remove(src);
+        self.splice_absorbed(dst, src, s_ptr, s_size, s_prev, s_next);
+        s_size
+    }
+
+    /// Relinks `dst` over the removed neighbour `src` (its former `ptr`, `size`,
+    /// `prev` and `next`): `dst` grows by `s_size` and takes `src`'s place in
+    /// the segment's address-ordered list.
+    #[inline]
+    fn splice_absorbed(
+        &mut self,
+        dst: BlockId,
+        src: BlockId,
+        s_ptr: DevicePtr,
+        s_size: usize,
+        s_prev: Option<BlockId>,
+        s_next: Option<BlockId>,
+    ) {
         let d = &mut self.blocks[dst];
+        d.size += s_size;
         if d.prev == Some(src) {
             d.ptr = s_ptr;
             d.prev = s_prev;
-            d.size += s_size;
             if let Some(p) = s_prev {
                 self.blocks[p].next = Some(dst);
             }
         } else {
             d.next = s_next;
-            d.size += s_size;
             if let Some(n) = s_next {
                 self.blocks[n].prev = Some(dst);
             }
         }
-        s_size
     }
 
     /// Free bytes just below and above an allocated block: two neighbour reads.
