@@ -21,14 +21,17 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use remat_candle::nn::loss;
 use remat_candle::{Remat, RematConfig};
 
 #[path = "shared/lm.rs"]
 mod lm;
+#[path = "shared/setup.rs"]
+mod setup;
 use lm::{Config, Lm, PlainLm};
+use setup::{arg, mib, snapshot};
 
 const CFG: Config = Config {
     vocab: 256,
@@ -50,53 +53,11 @@ struct Run {
     remats: u64,
 }
 
-/// Deterministic weights for every variable (SplitMix64 seeded by the name),
-/// RmsNorm scales left at 1: the same start for every run.
-fn seeded_init(varmap: &VarMap) -> candle_core::Result<()> {
-    for (name, var) in varmap.data().lock().expect("varmap lock").iter() {
-        if name.contains("rms") || name.starts_with("norm") {
-            continue;
-        }
-        let mut s = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        let n = var.elem_count();
-        let scale = 1.0 / (var.dims()[var.rank() - 1] as f32).sqrt();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = s;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                z ^= z >> 31;
-                scale * (2.0 * ((z >> 40) as f32 / (1u64 << 24) as f32) - 1.0)
-            })
-            .collect();
-        var.set(&Tensor::from_vec(v, var.shape(), var.device())?)?;
-    }
-    Ok(())
-}
-
-fn snapshot(varmap: &VarMap) -> BTreeMap<String, Vec<u32>> {
-    let data = varmap.data().lock().expect("varmap lock");
-    data.iter()
-        .map(|(k, v)| {
-            let bits = v
-                .as_tensor()
-                .flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .map(|x| x.into_iter().map(f32::to_bits).collect())
-                .unwrap_or_default();
-            (k.clone(), bits)
-        })
-        .collect()
-}
-
 fn train_plain(steps: usize, batch: usize) -> candle_core::Result<Run> {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
     let model = PlainLm::new(CFG, VarBuilder::from_varmap(&varmap, DType::F32, &dev))?;
-    seeded_init(&varmap)?;
+    setup::seeded_init(&varmap, |n| n.contains("rms") || n.starts_with("norm"))?;
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let (x, y) = lm::tokens(&CFG, batch, &dev)?;
     let start = Instant::now();
@@ -110,7 +71,7 @@ fn train_plain(steps: usize, batch: usize) -> candle_core::Result<Run> {
     }
     Ok(Run {
         losses,
-        params: snapshot(&varmap),
+        params: snapshot(&varmap)?,
         time: start.elapsed(),
         peak: 0,
         evictions: 0,
@@ -132,7 +93,7 @@ fn train_remat(steps: usize, batch: usize, budget: Option<u64>) -> candle_core::
         &remat,
         VarBuilder::from_varmap(&varmap, DType::F32, &dev),
     )?;
-    seeded_init(&varmap)?;
+    setup::seeded_init(&varmap, |n| n.contains("rms") || n.starts_with("norm"))?;
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let (x, y) = lm::tokens(&CFG, batch, &dev)?;
     let (x, y) = (remat.input(&x)?, remat.input(&y)?);
@@ -150,28 +111,12 @@ fn train_remat(steps: usize, batch: usize, budget: Option<u64>) -> candle_core::
     let stats = remat.stats()?;
     Ok(Run {
         losses,
-        params: snapshot(&varmap),
+        params: snapshot(&varmap)?,
         time: start.elapsed(),
         peak: remat.memory_usage()?.peak_allocated,
         evictions: stats.evictions,
         remats: stats.rematerializations,
     })
-}
-
-fn arg(name: &str, default: usize) -> Result<usize, String> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .filter(|v: &usize| *v > 0)
-            .ok_or_else(|| format!("{name} needs a positive integer")),
-    }
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / (1u64 << 20) as f64
 }
 
 fn run() -> Result<bool, String> {

@@ -30,28 +30,15 @@ extern crate candle_core as candle;
 mod models;
 #[allow(dead_code, clippy::all)]
 mod qwen2;
+#[path = "../shared/setup.rs"]
+mod setup;
 mod train;
 mod utils;
 
 use std::process::ExitCode;
 
+use setup::{arg, mib};
 use train::{Run, Size};
-
-fn arg(name: &str, default: usize) -> Result<usize, String> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .filter(|v: &usize| *v > 0)
-            .ok_or_else(|| format!("{name} needs a positive integer")),
-    }
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / (1u64 << 20) as f64
-}
 
 fn run() -> Result<bool, String> {
     let s = Size {

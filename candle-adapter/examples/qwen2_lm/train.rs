@@ -13,6 +13,8 @@ use remat_candle::candle::{DType, Device, Result, Tensor};
 use remat_candle::candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
 use remat_candle::{DtrConfig, Remat, RematConfig};
 
+use crate::setup::{seeded_init, snapshot};
+
 /// The model's and the run's sizes.
 #[derive(Debug, Clone, Copy)]
 pub struct Size {
@@ -91,42 +93,6 @@ pub fn tokens(s: &Size, dev: &Device) -> Result<(Tensor, Tensor)> {
     ))
 }
 
-/// Deterministic weights for every variable (SplitMix64 seeded by the name),
-/// RmsNorm scales left at 1: the same start for every run.
-fn seeded_init(varmap: &VarMap) -> Result<()> {
-    for (name, var) in varmap.data().lock().expect("varmap lock").iter() {
-        if name.contains("norm") {
-            continue;
-        }
-        let mut s = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        let scale = 1.0 / (var.dims()[var.rank() - 1] as f32).sqrt();
-        let v: Vec<f32> = (0..var.elem_count())
-            .map(|_| {
-                s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = s;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                z ^= z >> 31;
-                scale * (2.0 * ((z >> 40) as f32 / (1u64 << 24) as f32) - 1.0)
-            })
-            .collect();
-        var.set(&Tensor::from_vec(v, var.shape(), var.device())?)?;
-    }
-    Ok(())
-}
-
-fn snapshot(varmap: &VarMap) -> Result<BTreeMap<String, Vec<u32>>> {
-    let data = varmap.data().lock().expect("varmap lock");
-    data.iter()
-        .map(|(k, v)| {
-            let bits = v.as_tensor().flatten_all()?.to_vec1::<f32>()?;
-            Ok((k.clone(), bits.into_iter().map(f32::to_bits).collect()))
-        })
-        .collect()
-}
-
 /// The reference: upstream's file (with the reference swaps) in plain candle.
 pub fn train_plain(s: &Size) -> Result<Run> {
     use crate::models::qwen2::{Config, ModelForCausalLM};
@@ -134,7 +100,7 @@ pub fn train_plain(s: &Size) -> Result<Run> {
     let varmap = VarMap::new();
     let vb = remat_candle::candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &dev);
     let mut model = ModelForCausalLM::new(&config!(Config, s), vb)?;
-    seeded_init(&varmap)?;
+    seeded_init(&varmap, |n| n.contains("norm"))?;
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let (x, y) = tokens(s, &dev)?;
     let start = Instant::now();
@@ -171,7 +137,7 @@ pub fn train_remat(s: &Size, dtr: DtrConfig, budget: Option<u64>) -> Result<Run>
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);
     let mut model = ModelForCausalLM::new(&config!(Config, s), vb)?;
-    seeded_init(&varmap)?;
+    seeded_init(&varmap, |n| n.contains("norm"))?;
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let (x, y) = tokens(s, &dev)?;
     let (x, y) = (remat.input(&x)?, remat.input(&y)?);
