@@ -14,6 +14,8 @@ mod models;
 #[allow(dead_code, clippy::all)]
 #[path = "../examples/qwen2_lm/qwen2.rs"]
 mod qwen2;
+#[path = "../examples/shared/setup.rs"]
+mod setup;
 #[path = "../examples/qwen2_lm/train.rs"]
 mod train;
 #[path = "../examples/qwen2_lm/utils.rs"]
