@@ -78,6 +78,13 @@ pub struct RematConfig {
     /// (from 0) uses `dropout_seed + i · 0x9e3779b97f4a7c15` (wrapping), recorded in
     /// its op so that a replay draws the same mask.
     pub dropout_seed: u64,
+    /// Run a convolution layer with a bias as candle-nn composes it: the
+    /// convolution, then a broadcast add, two ops whose outputs plain candle's
+    /// graph both holds. Off by default: the layer is then one op
+    /// ([`RTensor::conv2d_bias`]) and its convolution output never exists
+    /// beside the sum. Values and gradients are the same bits either way; the
+    /// split form's unconstrained peak is the one to compare with plain candle.
+    pub split_layer_ops: bool,
 }
 
 impl RematConfig {
@@ -119,6 +126,12 @@ impl RematConfig {
     /// Set the dropout seed.
     pub fn with_dropout_seed(mut self, seed: u64) -> Self {
         self.dropout_seed = seed;
+        self
+    }
+
+    /// Run layers as candle-nn composes them (see [`RematConfig::split_layer_ops`]).
+    pub fn with_split_layer_ops(mut self, split: bool) -> Self {
+        self.split_layer_ops = split;
         self
     }
 
@@ -204,6 +217,8 @@ pub(crate) struct Inner {
     /// The eviction threshold of the configuration; calibration never raises
     /// the runtime's above it.
     pub(crate) configured_threshold: Option<u64>,
+    /// [`RematConfig::split_layer_ops`].
+    pub(crate) split_layer_ops: bool,
     /// External storages by address: the handle and the bytes its record counts.
     /// A storage brought in again (a tied weight wrapped twice) reuses the
     /// handle, so it is counted once. Entries whose handle died are replaced
@@ -375,6 +390,7 @@ impl Remat {
                 dropout_seed: AtomicU64::new(config.dropout_seed),
                 budget,
                 configured_threshold,
+                split_layer_ops: config.split_layer_ops,
                 externals: Mutex::new(HashMap::new()),
                 outputs: Mutex::new(Vec::new()),
             }),

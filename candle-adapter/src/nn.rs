@@ -348,14 +348,10 @@ impl Conv1d {
 impl Module for Conv1d {
     fn forward(&self, x: &RTensor) -> Result<RTensor> {
         let c = &self.config;
-        let x = x.conv1d(&self.weight, c.padding, c.stride, c.dilation, c.groups)?;
+        // With a bias: one op (see `RTensor::conv1d_bias`), candle-nn's values.
         match &self.bias {
-            None => Ok(x),
-            Some(bias) => {
-                let b = bias.dims1()?;
-                let bias = bias.reshape((1, b, 1))?;
-                x.broadcast_add(&bias)
-            }
+            None => x.conv1d(&self.weight, c.padding, c.stride, c.dilation, c.groups),
+            Some(b) => x.conv1d_bias(&self.weight, b, c.padding, c.stride, c.dilation, c.groups),
         }
     }
 }
@@ -443,14 +439,10 @@ impl Conv2d {
 impl Module for Conv2d {
     fn forward(&self, x: &RTensor) -> Result<RTensor> {
         let c = &self.config;
-        let x = x.conv2d(&self.weight, c.padding, c.stride, c.dilation, c.groups)?;
+        // With a bias: one op (see `RTensor::conv2d_bias`), candle-nn's values.
         match &self.bias {
-            None => Ok(x),
-            Some(bias) => {
-                let b = bias.dims1()?;
-                let bias = bias.reshape((1, b, 1, 1))?;
-                x.broadcast_add(&bias)
-            }
+            None => x.conv2d(&self.weight, c.padding, c.stride, c.dilation, c.groups),
+            Some(b) => x.conv2d_bias(&self.weight, b, c.padding, c.stride, c.dilation, c.groups),
         }
     }
 }
@@ -494,20 +486,17 @@ impl ConvTranspose2d {
 impl Module for ConvTranspose2d {
     fn forward(&self, x: &RTensor) -> Result<RTensor> {
         let c = &self.config;
-        let x = x.conv_transpose2d(
+        let (w, p, op, s, d) = (
             &self.weight,
             c.padding,
             c.output_padding,
             c.stride,
             c.dilation,
-        )?;
+        );
+        // With a bias: one op (see `RTensor::conv_transpose2d_bias`), candle-nn's values.
         match &self.bias {
-            None => Ok(x),
-            Some(bias) => {
-                let b = bias.dims1()?;
-                let bias = bias.reshape((1, b, 1, 1))?;
-                x.broadcast_add(&bias)
-            }
+            None => x.conv_transpose2d(w, p, op, s, d),
+            Some(b) => x.conv_transpose2d_bias(w, b, p, op, s, d),
         }
     }
 }

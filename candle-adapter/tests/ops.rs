@@ -438,6 +438,71 @@ fn convolutions_and_pooling() {
             remat_candle::nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg2).forward(&x[0])
         },
     );
+    // Groups 1 with a bias: one fused op (convolution, bias added in place).
+    let cfg3 = candle_nn::Conv2dConfig {
+        padding: 1,
+        ..Default::default()
+    };
+    both(
+        "nn::Conv2d layer with bias (fused)",
+        &[m(&[2, 3, 6, 6], 190), m(&[4, 3, 3, 3], 191), m(&[4], 192)],
+        &move |x| {
+            use candle_nn::Module as _;
+            candle_nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg3).forward(&x[0])
+        },
+        &move |x| {
+            use remat_candle::nn::Module as _;
+            remat_candle::nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg3).forward(&x[0])
+        },
+    );
+    // Batch 1 and a 1×1 output: the bias's gradient sums over no batch dim.
+    both(
+        "nn::Conv2d layer with bias, 1×1 output",
+        &[m(&[1, 2, 3, 3], 193), m(&[3, 2, 3, 3], 194), m(&[3], 195)],
+        &move |x| {
+            use candle_nn::Module as _;
+            candle_nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), Default::default())
+                .forward(&x[0])
+        },
+        &move |x| {
+            use remat_candle::nn::Module as _;
+            remat_candle::nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), Default::default())
+                .forward(&x[0])
+        },
+    );
+    // Other float dtypes: the in-place sum is the dtype's own addition, as candle's.
+    // (candle's CPU convolution has no bf16 matmul.)
+    for dtype in [DType::F64, DType::F16] {
+        let t = |shape: &[usize], seed| m(shape, seed).to_dtype(dtype).unwrap();
+        both(
+            &format!("nn::Conv2d layer with bias, {dtype:?}"),
+            &[t(&[2, 2, 5, 5], 199), t(&[3, 2, 3, 3], 200), t(&[3], 201)],
+            &move |x| {
+                use candle_nn::Module as _;
+                candle_nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg3).forward(&x[0])
+            },
+            &move |x| {
+                use remat_candle::nn::Module as _;
+                remat_candle::nn::Conv2d::new(x[1].clone(), Some(x[2].clone()), cfg3).forward(&x[0])
+            },
+        );
+    }
+    let cfg4 = candle_nn::Conv1dConfig {
+        stride: 2,
+        ..Default::default()
+    };
+    both(
+        "nn::Conv1d layer with bias (fused)",
+        &[m(&[2, 3, 11], 196), m(&[5, 3, 3], 197), m(&[5], 198)],
+        &move |x| {
+            use candle_nn::Module as _;
+            candle_nn::Conv1d::new(x[1].clone(), Some(x[2].clone()), cfg4).forward(&x[0])
+        },
+        &move |x| {
+            use remat_candle::nn::Module as _;
+            remat_candle::nn::Conv1d::new(x[1].clone(), Some(x[2].clone()), cfg4).forward(&x[0])
+        },
+    );
     both(
         "conv_transpose2d",
         &[m(&[2, 3, 5, 5], 174), m(&[3, 4, 3, 3], 175)],
