@@ -611,6 +611,15 @@ impl Remat {
     /// again). Answered offline by simulating the recorded step under budgets
     /// found by bisection, with plan-ahead DTR's policies: no trial runs.
     ///
+    /// The answer is the lower edge of a range of budgets that meet
+    /// `max_overhead`: 1 B below it (512 B in the physical mode) does not.
+    /// Feasibility is not monotone in the budget (a plan made for a smaller
+    /// budget can be cheaper), so a smaller budget may meet it too; the query
+    /// does not search for those. Values a step still holds when it ends
+    /// (a variable shadowed in the loop and dropped after `end_iteration`)
+    /// count as resident in the next step, so drop them first for the
+    /// smallest answer.
+    ///
     /// ```no_run
     /// # use remat_candle::Remat;
     /// # fn step(_: &Remat) -> remat_candle::Result<()> { Ok(()) }

@@ -43,23 +43,32 @@ fn batch(step: usize) -> (Tensor, Tensor) {
     (x, Tensor::new(y, &Device::Cpu).unwrap())
 }
 
+/// What [`try_train`] returns: the losses' bits, the reports, the peak and the
+/// smallest budget asked for.
+type Trained = (Vec<u32>, Vec<IterationReport>, u64, Option<u64>);
+
 /// `steps` AdamW steps of an MLP; step 4 has half the batch. Returns the losses'
 /// bits, the reports, the peak and, with `floor_at`, the smallest budget at
 /// that overhead (every step recorded).
-fn train(
+fn train(budget: Option<u64>, steps: usize, floor_at: Option<f64>) -> Trained {
+    try_train(budget, steps, floor_at).unwrap()
+}
+
+/// [`train`], with a failed step as an error.
+fn try_train(
     budget: Option<u64>,
     steps: usize,
     floor_at: Option<f64>,
-) -> (Vec<u32>, Vec<IterationReport>, u64, Option<u64>) {
+) -> candle_core::Result<Trained> {
     let remat = logical_remat(budget);
     if floor_at.is_some() {
-        remat.record_iterations().unwrap();
+        remat.record_iterations()?;
     }
     let varmap = VarMap::new();
     let vb = nn::VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &Device::Cpu);
-    let l1 = nn::linear(32, 64, vb.pp("l1")).unwrap();
-    let l2 = nn::linear(64, 64, vb.pp("l2")).unwrap();
-    let l3 = nn::linear(64, 10, vb.pp("l3")).unwrap();
+    let l1 = nn::linear(32, 64, vb.pp("l1"))?;
+    let l2 = nn::linear(64, 64, vb.pp("l2"))?;
+    let l3 = nn::linear(64, 10, vb.pp("l3"))?;
     // Seeded values by name (candle-nn's init draws from a thread RNG).
     let mut vars: Vec<(String, Var)> = varmap
         .data()
@@ -70,28 +79,31 @@ fn train(
         .collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     for (k, (_, v)) in vars.iter().enumerate() {
-        v.set(&rand(k as u64 + 1, v.dims(), -0.3, 0.3)).unwrap();
+        v.set(&rand(k as u64 + 1, v.dims(), -0.3, 0.3))?;
     }
-    let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default()).unwrap();
+    let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let mut losses = Vec::new();
     let mut reports = Vec::new();
     for step in 0..steps {
         let (x, y) = batch(step);
-        let (x, y) = (remat.input(&x).unwrap(), remat.input(&y).unwrap());
-        let h = l1.forward(&x).unwrap().relu().unwrap();
-        let h = l2.forward(&h).unwrap().gelu().unwrap();
-        let l = loss::cross_entropy(&l3.forward(&h).unwrap(), &y).unwrap();
-        let grads = l.backward().unwrap();
-        losses.push(l.to_scalar::<f32>().unwrap().to_bits());
-        drop((l, h, x, y));
-        opt.step(&grads).unwrap();
+        let (x, y) = (remat.input(&x)?, remat.input(&y)?);
+        let h1 = l1.forward(&x)?.relu()?;
+        let h = l2.forward(&h1)?.gelu()?;
+        let l = loss::cross_entropy(&l3.forward(&h)?, &y)?;
+        let grads = l.backward()?;
+        losses.push(l.to_scalar::<f32>()?.to_bits());
+        drop((l, h, h1, x, y));
+        opt.step(&grads)?;
         drop(grads);
-        reports.push(remat.end_iteration().unwrap());
-        remat.check_invariants().unwrap();
+        reports.push(remat.end_iteration()?);
+        remat.check_invariants()?;
     }
-    let peak = remat.memory_usage().unwrap().peak_allocated;
-    let floor = floor_at.map(|x| remat.min_feasible_budget(x).unwrap());
-    (losses, reports, peak, floor)
+    let peak = remat.memory_usage()?.peak_allocated;
+    let floor = match floor_at {
+        Some(x) => Some(remat.min_feasible_budget(x)?),
+        None => None,
+    };
+    Ok((losses, reports, peak, floor))
 }
 
 #[test]
@@ -134,6 +146,30 @@ fn the_smallest_budget_query_answers_a_budget_that_trains() {
     assert_eq!(losses, free, "bit-identical at the floor");
     assert!(used <= floor);
     assert_eq!(reports.len(), 4);
+    // Brute force with real runs, every 256 B up to the peak: the answer is
+    // the lower edge of the budgets that train with their last step within
+    // 2×: every one from the answer up does, the answer less one f32 does not.
+    // Feasibility is not monotone in the budget (a plan made for a smaller
+    // budget can be cheaper), so budgets below the answer may train too: the
+    // query bisects, and does not look for them.
+    let trains = |b: u64| match try_train(Some(b), 4, None) {
+        Ok((_, r, _, _)) => {
+            let last = r.last().unwrap();
+            last.compute_ns + last.remat_ns <= 2.0 * last.compute_ns
+        }
+        Err(e) if e.impossible_budget().is_some() => false,
+        Err(e) => panic!("at {b} B: {e}"),
+    };
+    assert!(!trains(floor - 4), "the answer less 4 B trains");
+    let grid: Vec<u64> = (1..).map(|k| 256 * k).take_while(|&b| b <= peak).collect();
+    for &b in grid.iter().filter(|&&b| b >= floor).chain([&floor]) {
+        assert!(
+            trains(b),
+            "{b} B, above the answer {floor} B, does not train"
+        );
+    }
+    let lowest = grid.iter().find(|&&b| trains(b));
+    eprintln!("answer {floor} B; the smallest budget on the 256-B grid that trains: {lowest:?}");
     // A query that cannot be answered says why, typed.
     let remat = Remat::unbounded().unwrap();
     let e = remat.min_feasible_budget(2.0).unwrap_err();

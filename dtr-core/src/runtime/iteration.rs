@@ -150,6 +150,13 @@ impl<V> Runtime<V> {
     /// finishes (it may cost more: up to the replayer's first-iteration limit,
     /// [`crate::replay::FIRST_ITERATION_LIMIT`] times).
     ///
+    /// The answer is the lower edge of a range of feasible budgets: one step
+    /// below it (1 B logical, 512 B physical) is not. Feasibility is not
+    /// monotone in the budget, so smaller feasible budgets may exist (the
+    /// bisection does not look for them). Storages resident at the recorded
+    /// iteration's start are never evicted again, so values a program holds
+    /// across a boundary raise the answer by their size.
+    ///
     /// Errors: `max_overhead` not a number ≥ 1 ([`Error::InvalidArgument`]); no iteration
     /// recorded whole yet ([`Error::NotRecorded`]: call
     /// [`Runtime::record_iterations`] without a budget, then
