@@ -68,7 +68,8 @@ fn bin_of(size: usize) -> usize {
 /// of entries with a larger key.
 #[inline]
 fn descending_position(bin: &[Entry], size: usize, ptr: DevicePtr) -> usize {
-    bin.partition_point(|x| x.key() > (size, ptr))
+    let key = key_of(size, ptr);
+    bin.partition_point(|x| x.key() > key)
 }
 
 /// Index of the entry keyed `(size, ptr)` in a descending bin, if there.
@@ -76,8 +77,16 @@ fn descending_position(bin: &[Entry], size: usize, ptr: DevicePtr) -> usize {
 fn find_in(bin: &[Entry], size: usize, ptr: DevicePtr) -> Option<usize> {
     let i = descending_position(bin, size, ptr);
     bin.get(i)
-        .is_some_and(|x| x.key() == (size, ptr))
+        .is_some_and(|x| x.key() == key_of(size, ptr))
         .then_some(i)
+}
+
+/// The pool's order `(size, address)` as one integer: comparing two keys is
+/// a two-word compare without branches, so the bin searches compile to
+/// conditional moves.
+#[inline(always)]
+fn key_of(size: usize, ptr: DevicePtr) -> u128 {
+    ((size as u128) << 64) | ptr as u128
 }
 
 /// A free block as the pool stores it.
@@ -89,9 +98,9 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    #[inline]
-    fn key(&self) -> (usize, DevicePtr) {
-        (self.size, self.ptr)
+    #[inline(always)]
+    fn key(&self) -> u128 {
+        key_of(self.size, self.ptr)
     }
 }
 
@@ -192,7 +201,7 @@ impl StreamIndex {
     fn remove(&mut self, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         let b = bin_of(size);
         let bin = self.bins.get_mut(b)?;
-        let e = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
+        let e = if bin.last().is_some_and(|l| l.key() == key_of(size, ptr)) {
             bin.pop()?
         } else {
             let i = find_in(bin, size, ptr)?;
@@ -397,7 +406,7 @@ impl BlockPool {
         let s = self.streams.iter().position(|s| s.stream == stream)?;
         let b = bin_of(size);
         let bin = self.streams[s].bins.get(b)?;
-        let at = if bin.last().is_some_and(|l| l.key() == (size, ptr)) {
+        let at = if bin.last().is_some_and(|l| l.key() == key_of(size, ptr)) {
             bin.len() - 1
         } else {
             find_in(bin, size, ptr)?
@@ -421,7 +430,7 @@ impl BlockPool {
         }
         let bin = &mut self.streams[slot.stream as usize].bins[slot.bin as usize];
         let at = slot.at as usize;
-        let key = (size, ptr);
+        let key = key_of(size, ptr);
         if at > 0 && bin[at - 1].key() <= key {
             return false;
         }
