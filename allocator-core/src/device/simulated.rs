@@ -32,8 +32,10 @@ pub struct SimulatedDevice {
     used: usize,
     next_addr: DevicePtr,
     next_va: DevicePtr,
-    /// Live segments: address → size.
-    segments: BTreeMap<DevicePtr, usize>,
+    /// Live segments `(address, size)` in address order. Addresses only grow
+    /// (`next_addr`), so a new segment is appended: a miss costs a push, not
+    /// a tree insert; a free is a binary search and a shift.
+    segments: Vec<(DevicePtr, usize)>,
     /// Live reservations: address → size, and mapped pages inside them: address → size.
     reservations: BTreeMap<DevicePtr, usize>,
     mapped_pages: BTreeMap<DevicePtr, usize>,
@@ -81,7 +83,7 @@ impl SimulatedDeviceBuilder {
             used: 0,
             next_addr: BASE_ADDRESS,
             next_va: VA_BASE_ADDRESS,
-            segments: BTreeMap::new(),
+            segments: Vec::new(),
             reservations: BTreeMap::new(),
             mapped_pages: BTreeMap::new(),
             vmm: self.vmm,
@@ -121,7 +123,7 @@ impl SimulatedDevice {
 
     /// Live segments (address, size), in address order.
     pub fn segments(&self) -> Vec<(DevicePtr, usize)> {
-        self.segments.iter().map(|(a, s)| (*a, *s)).collect()
+        self.segments.clone()
     }
 
     /// Number of `allocate` calls that reached the device (successful or not).
@@ -210,15 +212,16 @@ impl Device for SimulatedDevice {
         let ptr = self.next_addr;
         let span = (bytes as u64).div_ceil(SEGMENT_ALIGNMENT) * SEGMENT_ALIGNMENT;
         self.next_addr += span;
-        self.segments.insert(ptr, bytes);
+        debug_assert!(self.segments.last().is_none_or(|&(last, _)| last < ptr));
+        self.segments.push((ptr, bytes));
         Ok(ptr)
     }
 
     fn free(&mut self, ptr: DevicePtr, bytes: usize) -> Result<(), DeviceError> {
         self.take_injected(SimOp::Free)?;
-        match self.segments.get(&ptr) {
-            Some(&size) if size == bytes => {
-                self.segments.remove(&ptr);
+        match self.segments.binary_search_by_key(&ptr, |&(a, _)| a) {
+            Ok(i) if self.segments[i].1 == bytes => {
+                let (_, size) = self.segments.remove(i);
                 self.used -= size;
                 self.free_calls += 1;
                 Ok(())
