@@ -158,6 +158,15 @@ pub(crate) struct BlockArena {
 }
 
 impl BlockArena {
+    /// An empty arena with room for `capacity` blocks before it reallocates.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        BlockArena {
+            slots: Vec::with_capacity(capacity),
+            vacant: Vec::with_capacity(capacity),
+            live: 0,
+        }
+    }
+
     #[inline]
     pub(crate) fn insert(&mut self, mut b: Block) -> BlockId {
         self.live += 1;

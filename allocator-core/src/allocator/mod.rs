@@ -508,7 +508,7 @@ impl<D: Device> CachingAllocator<D> {
                 reason: "the device has no virtual-memory (VMM) interface",
             });
         }
-        st.config = cfg;
+        st.set_config(cfg);
         Ok(())
     }
 

@@ -19,6 +19,17 @@ use crate::snapshot::{
 use crate::stats::Counters;
 use crate::Result;
 
+/// Blocks a fresh allocator has room for before its slab first reallocates
+/// (88 bytes each): a workload's first segments split into this many blocks
+/// without copying the slab.
+const INITIAL_BLOCK_CAPACITY: usize = 128;
+
+/// True when `config` rounds every request to a multiple of 512 B only (no
+/// `roundup_power2_divisions` band above 1).
+fn plain_rounding(config: &AllocatorConfig) -> bool {
+    config.roundup_power2_divisions.iter().all(|&d| d <= 1)
+}
+
 /// A request after rounding: what is searched for and what a new segment costs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Request {
@@ -132,6 +143,9 @@ pub(crate) struct State {
     pub device_kind: &'static str,
     pub device_index: usize,
     pub has_vmm: bool,
+    /// `config` has no power-of-two rounding: requests round to 512 B steps
+    /// without the table lookup. Kept by [`State::set_config`].
+    plain_rounding: bool,
     /// `max_split_size` at construction: the threshold of the `oversize_*` stats
     /// (fixed like `stats.max_split_size`, so runtime setting changes keep the
     /// oversize counts consistent).
@@ -149,8 +163,9 @@ impl State {
         let config_max_split = config.max_split_size;
         State {
             stats: Counters::new(config.max_split_size),
+            plain_rounding: plain_rounding(&config),
             config,
-            blocks: BlockArena::default(),
+            blocks: BlockArena::with_capacity(INITIAL_BLOCK_CAPACITY),
             small: BlockPool::new(),
             large: BlockPool::new(),
             total_allocated_memory: 0,
@@ -243,9 +258,21 @@ impl State {
         self.trace.record(action, addr, size, stream);
     }
 
+    /// Replaces the settings (`set_settings`), keeping what is derived from them.
+    pub(crate) fn set_config(&mut self, config: AllocatorConfig) {
+        self.plain_rounding = plain_rounding(&config);
+        self.config = config;
+    }
+
     #[inline(always)]
     pub(crate) fn request(&self, orig: usize, stream: StreamId) -> Request {
-        let size = round_size(orig, &self.config);
+        debug_assert_eq!(self.plain_rounding, plain_rounding(&self.config));
+        let size = if self.plain_rounding {
+            // `round_size` with no power-of-two divisions (PyTorch's default).
+            orig.max(1).div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        } else {
+            round_size(orig, &self.config)
+        };
         Request {
             stream,
             orig,
