@@ -24,6 +24,7 @@ use crate::sync::{lock, next_instance_id, Arc, Mutex, MutexGuard};
 use crate::Result;
 use state::{Found, Request, State};
 use std::cell::OnceCell;
+use std::num::NonZeroU64;
 
 /// A live allocation. The handle is enough to free in O(1); it records the
 /// allocator that issued it and the allocation's serial number, so freeing it
@@ -35,7 +36,9 @@ pub struct Allocation {
     requested: usize,
     stream: StreamId,
     block: BlockId,
-    serial: u64,
+    /// Never 0 (a block's serial is 0 while it is not allocated), which also
+    /// lets `Option<Allocation>` be as small as the handle.
+    serial: NonZeroU64,
     owner: u32,
 }
 
@@ -574,7 +577,7 @@ fn resolve(st: &State, owner: u32, a: &Allocation) -> Result<BlockId> {
     }
     // Serials are unique and a block carries one only while allocated (0
     // otherwise), so one compare proves the slot holds this very allocation.
-    if st.blocks.holds_allocation(a.block, a.serial) {
+    if st.blocks.holds_allocation(a.block, a.serial.get()) {
         debug_assert!(
             st.blocks[a.block].allocated && st.blocks[a.block].ptr == a.ptr,
             "serial {} reused",

@@ -3,6 +3,7 @@
 //! held; the device is passed in where a rule needs it.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::num::NonZeroU64;
 use std::time::{Instant, SystemTime};
 
 use super::expandable::ExpandableSegment;
@@ -138,7 +139,7 @@ pub(crate) struct State {
     /// Expandable segments; `None` slots were released.
     pub expandable: Vec<Option<ExpandableSegment>>,
     pub trace: TraceRecorder,
-    next_serial: u64,
+    next_serial: NonZeroU64,
     pub device_total: usize,
     pub device_kind: &'static str,
     pub device_index: usize,
@@ -182,7 +183,7 @@ impl State {
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
             },
-            next_serial: 1,
+            next_serial: NonZeroU64::MIN,
             device_total,
             device_kind,
             device_index,
@@ -475,7 +476,7 @@ impl State {
         found: Found,
         req: &Request,
         split: bool,
-    ) -> (BlockId, u64) {
+    ) -> (BlockId, NonZeroU64) {
         let Found { id, slot } = found;
         let size = req.size;
         let small = req.pool.is_small();
@@ -533,11 +534,12 @@ impl State {
             id
         };
         let serial = self.next_serial;
-        self.next_serial += 1;
+        // Unique until 2^64 − 1 allocations (then it saturates).
+        self.next_serial = serial.saturating_add(1);
         let b = &mut self.blocks[block];
         b.allocated = true;
         b.requested = req.orig;
-        b.serial = serial;
+        b.serial = serial.get();
         let (bsize, ptr) = (b.size, b.ptr);
         let st = &mut self.stats;
         st.allocation.increase(small, 1);
