@@ -402,7 +402,17 @@ impl<B: BackendIr> State<B> {
             return Err(Error::Failed(m.clone()));
         }
         let entry = self.entry(ir.id)?;
-        self.rt.pin(entry.t)?;
+        // A read that cannot be regenerated (no room for the evicted lineage)
+        // fails alone, the tensor stays readable later; the typed error is kept
+        // for `take_error`, as a failed op's is.
+        if let Err(e) = self.rt.pin(entry.t) {
+            let e = Error::from(e);
+            let message = Error::Failed(Arc::from(e.to_string()));
+            if self.error.is_none() {
+                self.error = Some(e);
+            }
+            return Err(message);
+        }
         let mut ro = ir.clone();
         ro.status = TensorStatus::ReadOnly;
         let chains: Vec<Arc<Chain>> = entry.chain.iter().cloned().collect();

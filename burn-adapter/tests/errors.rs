@@ -6,7 +6,7 @@ use burn_backend::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::Tensor;
 use remat_burn::{Dtr, DtrDevice, Error};
-use remat_dtr::{DtrConfig, ImpossibleCause};
+use remat_dtr::{BudgetMode, DtrConfig, ImpossibleCause};
 
 type B = Dtr<NdArray>;
 
@@ -104,4 +104,40 @@ fn an_upload_larger_than_the_budget_fails_alone() {
     );
     let x = Tensor::<B, 1>::from_floats([1.0, 2.0], &device);
     assert_eq!(floats(x * 2.0), vec![2.0, 4.0]);
+}
+
+#[test]
+fn a_read_that_cannot_be_regenerated_fails_typed_and_later_succeeds() {
+    // Logical budget: bytes as requested, no rounding.
+    let config = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_budget(16_000);
+    let device = DtrDevice::<NdArray>::new(NdArrayDevice::Cpu, config).expect("device");
+    let upload = || Tensor::<B, 1>::from_floats(vec![1.0f32; 1000].as_slice(), &device);
+    let a = upload(); // 4 000 B, never evicted
+    let c = (a.clone() * 2.0) * 3.0;
+    assert!(device.evict_all().expect("evict") > 0);
+    // Two more uploads: 12 000 B resident that cannot be evicted, so reading
+    // `c` (its input, then itself: 8 000 B) cannot fit.
+    let d = upload();
+    let e = upload();
+    let text = c
+        .clone()
+        .try_into_data()
+        .expect_err("no room to regenerate c")
+        .to_string();
+    assert!(text.contains("impossible budget"), "{text}");
+    match device.take_error() {
+        Some(Error::Dtr(remat_dtr::Error::ImpossibleBudget(b))) => {
+            assert_eq!(b.cause, ImpossibleCause::WorkingSetExceedsBudget, "{b}");
+            assert_eq!(b.budget, 16_000);
+        }
+        other => panic!("the failed read's typed error: {other:?}"),
+    }
+    // Once memory allows, the same tensor reads.
+    drop(d);
+    assert_eq!(floats(c), vec![6.0; 1000]);
+    assert_eq!(floats(e + a), vec![2.0; 1000]);
+    assert!(device.take_error().is_none());
+    device.check_invariants().unwrap();
 }
