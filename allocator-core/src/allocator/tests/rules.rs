@@ -608,3 +608,13 @@ fn failed_device_free_keeps_the_segment_cached() {
     a.empty_cache().unwrap();
     assert_eq!((a.memory_reserved(), a.with_device(|d| d.used())), (0, 0));
 }
+
+/// The handle carries no spare discriminant: its serial is never 0, so an
+/// `Option<Allocation>` (a replayer's or a framework's slot) is the handle's size.
+#[test]
+fn an_optional_handle_is_as_small_as_the_handle() {
+    use crate::Allocation;
+    let n = std::mem::size_of::<Allocation>();
+    assert_eq!(std::mem::size_of::<Option<Allocation>>(), n);
+    assert!(n <= 48, "Allocation grew to {n} bytes");
+}
