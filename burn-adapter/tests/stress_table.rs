@@ -144,8 +144,8 @@ fn describe(outcome: &Outcome, time: Duration, evictions: u64, remats: u64) -> S
         Outcome::Other(e) => format!("other failure: {e}"),
     };
     format!(
-        "{how}, {:.2} s, {evictions} ev., {remats} remat.",
-        time.as_secs_f64()
+        "{how}, {:.1} ms, {evictions} ev., {remats} remat.",
+        time.as_secs_f64() * 1e3
     )
 }
 
@@ -249,8 +249,8 @@ fn stress_table() {
             }
         };
         table.push(format!(
-            "| {row} | {identical} | {over} / {within} | {wrong} | {:.2} s | {evictions} | {remats} | {ctc} |",
-            time.as_secs_f64()
+            "| {row} | {identical} | {over} / {within} | {wrong} | {:.1} ms | {evictions} | {remats} | {ctc} |",
+            time.as_secs_f64() * 1e3
         ));
         for f in &failed {
             eprintln!("{row}: failed: {f}");
