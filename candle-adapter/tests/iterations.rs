@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
 use common::{bits, logical_remat, rand};
 use remat_candle::nn::{self, loss, Module};
-use remat_candle::{CandleErrorExt, IterationReport, Remat};
+use remat_candle::{BudgetMode, CandleErrorExt, CostModel, IterationReport, Remat, RematConfig};
 
 #[test]
 fn a_value_evicted_before_end_iteration_is_stale_after_it() {
@@ -64,6 +64,19 @@ fn try_train(
     if floor_at.is_some() {
         remat.record_iterations()?;
     }
+    let (l, r, p) = try_train_with(&remat, steps)?;
+    let floor = match floor_at {
+        Some(x) => Some(remat.min_feasible_budget(x)?),
+        None => None,
+    };
+    Ok((l, r, p, floor))
+}
+
+/// The steps of [`train`] in `remat`: the losses' bits, the reports, the peak.
+fn try_train_with(
+    remat: &Remat,
+    steps: usize,
+) -> candle_core::Result<(Vec<u32>, Vec<IterationReport>, u64)> {
     let varmap = VarMap::new();
     let vb = nn::VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &Device::Cpu);
     let l1 = nn::linear(32, 64, vb.pp("l1"))?;
@@ -99,11 +112,7 @@ fn try_train(
         remat.check_invariants()?;
     }
     let peak = remat.memory_usage()?.peak_allocated;
-    let floor = match floor_at {
-        Some(x) => Some(remat.min_feasible_budget(x)?),
-        None => None,
-    };
-    Ok((losses, reports, peak, floor))
+    Ok((losses, reports, peak))
 }
 
 #[test]
@@ -222,4 +231,32 @@ fn constants_stay_readable_and_backward_step_drops_what_only_the_graph_holds() {
         after < before,
         "{after} B after the step, {before} B before"
     );
+}
+
+#[test]
+fn a_small_model_trains_in_the_default_mode_at_its_logical_floor_plus_the_margin() {
+    // The logical floor: the smallest logical budget whose step finishes
+    // within the first-iteration limit (20×).
+    let (free, _, peak, floor) = train(None, 4, Some(20.0));
+    let floor = floor.unwrap();
+    // The physical model rounds each storage to 512 B: the stated margin is
+    // 512 B per storage resident at once. This step holds at most 24: six
+    // parameters, its two inputs, and 16 values of its 8-op forward and their
+    // gradients' inputs.
+    let margin = 512 * 24;
+    let cfg = RematConfig::new()
+        .with_cost_model(CostModel::OutputBytes)
+        .with_budget_bytes(floor + margin);
+    assert_eq!(
+        cfg.dtr.budget_mode,
+        BudgetMode::Physical,
+        "the default mode"
+    );
+    let remat = Remat::new(cfg).unwrap();
+    let (losses, _, used) = try_train_with(&remat, 4)
+        .unwrap_or_else(|e| panic!("physical at {floor} + {margin} B: {e}"));
+    assert_eq!(losses, free, "bit-identical");
+    assert!(used <= floor + margin && floor + margin < peak);
+    // Below 2 MiB: PyTorch's segment layout alone could not hold it.
+    assert_eq!(remat.stats().unwrap().arena_fallbacks, 1);
 }
