@@ -78,7 +78,7 @@ fn try_train_with(
     steps: usize,
 ) -> candle_core::Result<(Vec<u32>, Vec<IterationReport>, u64)> {
     let varmap = VarMap::new();
-    let vb = nn::VarBuilder::from_varmap_in(&remat, &varmap, DType::F32, &Device::Cpu);
+    let vb = nn::VarBuilder::from_varmap_in(remat, &varmap, DType::F32, &Device::Cpu);
     let l1 = nn::linear(32, 64, vb.pp("l1"))?;
     let l2 = nn::linear(64, 64, vb.pp("l2"))?;
     let l3 = nn::linear(64, 10, vb.pp("l3"))?;
