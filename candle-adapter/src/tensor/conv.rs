@@ -76,15 +76,13 @@ impl RTensor {
         stride: usize,
         dilation: usize,
     ) -> Result<RTensor> {
-        apply(
+        conv_op(
             "conv1d",
-            &[self, kernel],
-            Arc::new(move |x: &[Tensor]| x[0].conv1d(&x[1], padding, stride, dilation, 1)),
-            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, grad: &Tensor| {
-                let (ga, gk) = conv1d_grads(&x[0], &x[1], grad, padding, stride, dilation)?;
-                Ok(vec![Some(ga), Some(gk)])
+            [self, kernel],
+            Arc::new(move |x: &Tensor, k: &Tensor| x.conv1d(k, padding, stride, dilation, 1)),
+            Arc::new(move |x: &Tensor, k: &Tensor, g: &Tensor| {
+                conv1d_grads(x, k, g, padding, stride, dilation)
             }),
-            false,
         )
     }
     /// 2D convolution, input `(b, c_in, h, w)`, kernel
@@ -108,15 +106,13 @@ impl RTensor {
         stride: usize,
         dilation: usize,
     ) -> Result<RTensor> {
-        apply(
+        conv_op(
             "conv2d",
-            &[self, kernel],
-            Arc::new(move |x: &[Tensor]| x[0].conv2d(&x[1], padding, stride, dilation, 1)),
-            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, grad: &Tensor| {
-                let (ga, gk) = conv2d_grads(&x[0], &x[1], grad, padding, stride, dilation)?;
-                Ok(vec![Some(ga), Some(gk)])
+            [self, kernel],
+            Arc::new(move |x: &Tensor, k: &Tensor| x.conv2d(k, padding, stride, dilation, 1)),
+            Arc::new(move |x: &Tensor, k: &Tensor, g: &Tensor| {
+                conv2d_grads(x, k, g, padding, stride, dilation)
             }),
-            false,
         )
     }
     /// 2D transposed convolution, input `(b, c_in, h, w)`, kernel
@@ -129,18 +125,15 @@ impl RTensor {
         stride: usize,
         dilation: usize,
     ) -> Result<RTensor> {
-        apply(
+        conv_op(
             "conv-transpose2d",
-            &[self, kernel],
-            Arc::new(move |x: &[Tensor]| {
-                x[0].conv_transpose2d(&x[1], padding, output_padding, stride, dilation)
+            [self, kernel],
+            Arc::new(move |x: &Tensor, k: &Tensor| {
+                x.conv_transpose2d(k, padding, output_padding, stride, dilation)
             }),
-            Arc::new(move |x: &[Tensor], _: Option<&Tensor>, grad: &Tensor| {
-                let (ga, gk) =
-                    conv_transpose2d_grads(&x[0], &x[1], grad, padding, stride, dilation)?;
-                Ok(vec![Some(ga), Some(gk)])
+            Arc::new(move |x: &Tensor, k: &Tensor, g: &Tensor| {
+                conv_transpose2d_grads(x, k, g, padding, stride, dilation)
             }),
-            false,
         )
     }
     /// [`RTensor::conv1d`] plus a bias `(c_out,)` on every channel, as one op:
@@ -303,6 +296,25 @@ type ConvFn = dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor> + Send + S
 /// Its vector-Jacobian product: `(input, kernel, grad) -> (grad input, grad kernel)`.
 type ConvGradsFn =
     dyn Fn(&Tensor, &Tensor, &Tensor) -> candle_core::Result<(Tensor, Tensor)> + Send + Sync;
+
+/// One op for `conv(input, kernel)` with the gradients `grads` gives.
+fn conv_op(
+    name: &'static str,
+    [x, kernel]: [&RTensor; 2],
+    conv: Arc<ConvFn>,
+    grads: Arc<ConvGradsFn>,
+) -> Result<RTensor> {
+    apply(
+        name,
+        &[x, kernel],
+        Arc::new(move |t: &[Tensor]| conv(&t[0], &t[1])),
+        Arc::new(move |t: &[Tensor], _: Option<&Tensor>, g: &Tensor| {
+            let (gx, gk) = grads(&t[0], &t[1], g)?;
+            Ok(vec![Some(gx), Some(gk)])
+        }),
+        false,
+    )
+}
 
 /// One op for `conv(input, kernel) + bias` broadcast on the channels (dim 1).
 ///
