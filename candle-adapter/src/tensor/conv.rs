@@ -136,6 +136,12 @@ impl RTensor {
             }),
         )
     }
+    /// Whether a convolution with `bias` runs as one op ([`conv_bias`]): one
+    /// group, a bias of shape `(c_out,)`, and layers not split
+    /// ([`RematConfig::split_layer_ops`](crate::RematConfig::split_layer_ops)).
+    fn fuses_bias(&self, bias: &RTensor, c_out: usize, groups: usize) -> bool {
+        groups == 1 && bias.dims() == [c_out] && !self.h.ctx.split_layer_ops
+    }
     /// [`RTensor::conv1d`] plus a bias `(c_out,)` on every channel, as one op:
     /// candle-nn's `Conv1d::forward` with a bias (the same values and
     /// gradients, bit for bit). With `groups > 1`, or a bias whose shape is not
@@ -150,11 +156,11 @@ impl RTensor {
         dilation: usize,
         groups: usize,
     ) -> Result<RTensor> {
-        if groups != 1 || bias.dims() != [kernel.dim(0)?] || self.h.ctx.split_layer_ops {
-            let b = bias.dims1()?;
-            return self
-                .conv1d(kernel, padding, stride, dilation, groups)?
-                .broadcast_add(&bias.reshape((1, b, 1))?);
+        if !self.fuses_bias(bias, kernel.dim(0)?, groups) {
+            return plus_channel_bias(
+                self.conv1d(kernel, padding, stride, dilation, groups)?,
+                bias,
+            );
         }
         self.check_groups("conv1d", kernel, 1)?;
         conv_bias(
@@ -180,11 +186,11 @@ impl RTensor {
         dilation: usize,
         groups: usize,
     ) -> Result<RTensor> {
-        if groups != 1 || bias.dims() != [kernel.dim(0)?] || self.h.ctx.split_layer_ops {
-            let b = bias.dims1()?;
-            return self
-                .conv2d(kernel, padding, stride, dilation, groups)?
-                .broadcast_add(&bias.reshape((1, b, 1, 1))?);
+        if !self.fuses_bias(bias, kernel.dim(0)?, groups) {
+            return plus_channel_bias(
+                self.conv2d(kernel, padding, stride, dilation, groups)?,
+                bias,
+            );
         }
         self.check_groups("conv2d", kernel, 1)?;
         conv_bias(
@@ -210,11 +216,9 @@ impl RTensor {
         stride: usize,
         dilation: usize,
     ) -> Result<RTensor> {
-        if bias.dims() != [kernel.dim(1)?] || self.h.ctx.split_layer_ops {
-            let b = bias.dims1()?;
-            return self
-                .conv_transpose2d(kernel, padding, output_padding, stride, dilation)?
-                .broadcast_add(&bias.reshape((1, b, 1, 1))?);
+        if !self.fuses_bias(bias, kernel.dim(1)?, 1) {
+            let out = self.conv_transpose2d(kernel, padding, output_padding, stride, dilation)?;
+            return plus_channel_bias(out, bias);
         }
         conv_bias(
             "conv-transpose2d-bias",
@@ -296,6 +300,14 @@ type ConvFn = dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor> + Send + S
 /// Its vector-Jacobian product: `(input, kernel, grad) -> (grad input, grad kernel)`.
 type ConvGradsFn =
     dyn Fn(&Tensor, &Tensor, &Tensor) -> candle_core::Result<(Tensor, Tensor)> + Send + Sync;
+
+/// candle-nn's bias add after a convolution: `bias` reshaped to
+/// `(1, c, 1, ..)` (candle's error if it is not 1-D) and broadcast-added.
+fn plus_channel_bias(out: RTensor, bias: &RTensor) -> Result<RTensor> {
+    let mut shape = vec![1; out.rank()];
+    shape[1] = bias.dims1()?;
+    out.broadcast_add(&bias.reshape(shape)?)
+}
 
 /// One op for `conv(input, kernel)` with the gradients `grads` gives.
 fn conv_op(
