@@ -1,0 +1,338 @@
+//! Regeneration: make evicted storages resident again.
+//!
+//! [`Runtime::hold`] runs an explicit work list (`Frame`s): `Need(s)` either
+//! holds a resident `s` or schedules `Run(op)` after `Need` of each input of
+//! `s`'s compute path; `Run(op)` finds its inputs held, places and computes the
+//! missing outputs ([`Runtime::rematerialize`]), releases the inputs and holds
+//! its target for the frame that needed it. Nothing recurses on the call stack,
+//! so a 100k-op chain regenerates in constant stack.
+
+use std::sync::Arc;
+
+use super::{Frame, Runtime, REGEN_ORDER_NODES};
+use crate::error::{DeviceOutOfMemory, Error, Result};
+use crate::graph::Residency;
+use crate::ids::{OpId, StorageId};
+use crate::op::OpHandle;
+
+impl<V> Runtime<V> {
+    /// Make every storage of `targets` resident and hold each once (pins += 1,
+    /// holds += 1). On error every hold taken by this call is dropped.
+    ///
+    /// Work list, no recursion: `Need(s)` makes `s` resident (pushing its
+    /// producer's `Run` and the `Need`s of its inputs when evicted); `Run` replays
+    /// the producer once its inputs are held and releases their holds. A finished
+    /// input waits held ("parked") until its consumer runs; when nothing else can
+    /// make room, [`Runtime::evict_parked`] may evict it and the consumer's `Run`
+    /// needs it again. Each storage is evicted that way at most once per call, so
+    /// the work is bounded. A regeneration that still finds the budget impossible
+    /// is retried once with the inputs ordered by need.
+    pub(super) fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
+        match self.hold_once(targets, false) {
+            Err(Error::ImpossibleBudget(_)) if self.replayed => {
+                // Creation order parked too much: retry (what was regenerated
+                // stays resident) with the hungriest lineage first.
+                self.stats.reordered_regenerations += 1;
+                self.hold_once(targets, true)
+            }
+            r => r,
+        }
+    }
+
+    /// One attempt of [`Runtime::hold`]; `by_need` orders the inputs of each
+    /// replayed op by the bytes their evicted lineage must place, largest first
+    /// (Sethi–Ullman), instead of by creation.
+    fn hold_once(&mut self, targets: &[StorageId], by_need: bool) -> Result<()> {
+        self.touched.clear();
+        self.frames.clear();
+        self.parked_evicted.clear();
+        self.regenerating = true;
+        self.by_need = by_need;
+        self.replayed = false;
+        let result = self.hold_loop(targets);
+        self.regenerating = false;
+        if let Err(e) = result {
+            self.frames.clear();
+            let touched = std::mem::take(&mut self.touched);
+            for &s in &touched {
+                if let Some(r) = self.graph.storages.get_mut(s.0) {
+                    r.pins -= r.holds;
+                    r.holds = 0;
+                    if r.pins == 0 {
+                        self.graph.offer(s);
+                    }
+                }
+            }
+            self.touched = touched;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn hold_loop(&mut self, targets: &[StorageId]) -> Result<()> {
+        for &t in targets.iter().rev() {
+            self.frames.push(Frame::Need(t));
+        }
+        loop {
+            while let Some(frame) = self.frames.pop() {
+                match frame {
+                    Frame::Need(s) => self.need(s)?,
+                    Frame::Run { op, target } => self.run(op, target)?,
+                }
+            }
+            // A target finished early may have been evicted while parked.
+            for &t in targets.iter().rev() {
+                if !self.graph.st(t).is_resident() {
+                    self.unpin_storage(t, true);
+                    self.frames.push(Frame::Need(t));
+                }
+            }
+            if self.frames.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Last resort of [`Runtime::make_room`] during a regeneration: evict one
+    /// parked storage (held only by this regeneration, not an input of the op
+    /// being replayed, not evicted this way before in this call), preferring the
+    /// most bytes per ns of recompute. `false` when there is none.
+    #[cold]
+    pub(super) fn evict_parked(&mut self) -> Result<bool> {
+        if !self.regenerating {
+            return Ok(false);
+        }
+        let mut best: Option<(f64, StorageId)> = None;
+        for &s in &self.touched {
+            let r = self.graph.st(s);
+            let parked = r.is_resident()
+                && r.recomputable
+                && r.holds > 0
+                && r.pins == r.holds
+                && !self.parked_evicted.contains(&s);
+            if parked {
+                let score = r.bytes as f64 / r.cost.max(1.0);
+                if best.is_none_or(|(b, _)| score > b) {
+                    best = Some((score, s));
+                }
+            }
+        }
+        let Some((_, s)) = best else {
+            return Ok(false);
+        };
+        self.parked_evicted.push(s);
+        self.stats.parked_evictions += 1;
+        self.log_eviction(s, true);
+        self.evict_storage(s, false)?;
+        Ok(true)
+    }
+
+    fn take_hold(&mut self, s: StorageId) {
+        self.graph.pin(s);
+        self.graph.st_mut(s).holds += 1;
+        self.touched.push(s);
+    }
+
+    fn need(&mut self, s: StorageId) -> Result<()> {
+        let r = self.graph.st(s);
+        if r.is_resident() {
+            self.take_hold(s);
+            return Ok(());
+        }
+        if r.epoch < self.iter.epoch {
+            return Err(Error::StaleValue {
+                storage: s,
+                created_in: r.epoch,
+                current: self.iter.epoch,
+            });
+        }
+        let op = match r.producer {
+            Some(op) if r.recomputable => op,
+            _ => return Err(Error::NotRegenerable(s)),
+        };
+        self.frames.push(Frame::Run { op, target: s });
+        self.replayed = true;
+        let inputs = &self.graph.ops[op.0].unique_inputs;
+        if !self.by_need || inputs.len() < 2 {
+            for &i in inputs {
+                self.frames.push(Frame::Need(i));
+            }
+            return Ok(());
+        }
+        // Resident inputs first (held at once: they take no room), then the
+        // evicted ones, the lineage that must place the most bytes first, while
+        // the fewest finished siblings are parked.
+        let mut order: Vec<(u64, StorageId)> = inputs.iter().map(|&i| (u64::MAX, i)).collect();
+        for entry in &mut order {
+            if !self.graph.st(entry.1).is_resident() {
+                entry.0 = self
+                    .graph
+                    .evicted_ancestor_bytes(entry.1, REGEN_ORDER_NODES);
+            }
+        }
+        // A stack: push the last to run first.
+        order.sort_by_key(|&(bytes, s)| (bytes, std::cmp::Reverse(self.creation_key(s))));
+        for (_, i) in order {
+            self.frames.push(Frame::Need(i));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, op: OpId, target: StorageId) -> Result<()> {
+        let unique = self.graph.ops[op.0].unique_inputs.clone();
+        if !self.graph.st(target).is_resident() {
+            let missing: Vec<StorageId> = unique
+                .iter()
+                .copied()
+                .filter(|&i| !self.graph.st(i).is_resident())
+                .collect();
+            if !missing.is_empty() {
+                // Parked inputs evicted since they were made resident: drop their
+                // stale holds and need them again before running.
+                self.frames.push(Frame::Run { op, target });
+                for &i in &missing {
+                    self.unpin_storage(i, true);
+                    self.frames.push(Frame::Need(i));
+                }
+                return Ok(());
+            }
+            // The inputs of the op being replayed are not parked: an extra pin
+            // (not a hold) keeps `evict_parked` off them while outputs are placed.
+            for &i in &unique {
+                self.graph.st_mut(i).pins += 1;
+            }
+            let result = self.rematerialize(op);
+            for &i in &unique {
+                self.graph.st_mut(i).pins -= 1;
+            }
+            result?;
+        }
+        let now = self.graph.clock;
+        for s in unique {
+            self.graph.st_mut(s).last_used = now;
+            self.unpin_storage(s, true);
+        }
+        self.take_hold(target);
+        Ok(())
+    }
+
+    /// Replay `op` (inputs held) and fill its non-resident outputs.
+    #[cold]
+    fn rematerialize(&mut self, op: OpId) -> Result<()> {
+        if let Some(limit) = self.compute_limit {
+            if self.stats.total_compute_ns() > limit {
+                return Err(Error::ComputeLimit {
+                    limit_ns: limit,
+                    spent_ns: self.stats.total_compute_ns(),
+                });
+            }
+        }
+        let missing: Vec<(usize, StorageId)> = self.graph.ops[op.0]
+            .outputs
+            .iter()
+            .enumerate()
+            .filter_map(|(k, o)| {
+                o.filter(|s| !self.graph.st(*s).is_resident())
+                    .map(|s| (k, s))
+            })
+            .collect();
+        // Keep the outputs out of the candidates while their siblings are placed.
+        let sizes: Vec<u64> = missing
+            .iter()
+            .map(|&(_, s)| self.graph.st(s).bytes)
+            .collect();
+        let slots = self.place_all(&sizes)?;
+        let handle = self.handles[op.0 as usize]
+            .clone()
+            .ok_or_else(|| Error::Internal("op without handle".into()))?;
+        let rec = &self.graph.ops[op.0];
+        let (cost, n_out) = (rec.cost, rec.outputs.len());
+        let inputs = rec.inputs.clone();
+        // The missing outputs hold their slots but are not resident yet: no
+        // candidates, so a device-OOM eviction cannot touch them.
+        let hint = missing.iter().map(|&(_, s)| self.graph.st(s).bytes).sum();
+        let result = self.compute_retrying(&handle, &inputs, hint);
+        let mut values: Vec<Option<V>> = match result {
+            Ok(v) if v.len() == n_out => v.into_iter().map(Some).collect(),
+            Ok(v) => {
+                let got = v.len();
+                self.free_slots(slots);
+                return Err(Error::OutputCount {
+                    op: handle.name().to_string(),
+                    got,
+                    expected: n_out,
+                });
+            }
+            Err(e) => {
+                self.free_slots(slots);
+                return Err(e);
+            }
+        };
+        self.graph.clock += cost;
+        self.stats.remat_ns += cost;
+        self.graph.note_op_cost(cost, true);
+        self.stats.rematerializations += 1;
+        let now = self.graph.clock;
+        for (&(k, s), slot) in missing.iter().zip(slots) {
+            self.values[s.0 as usize] = values[k].take();
+            let ptr = slot.ptr;
+            let r = self.graph.st_mut(s);
+            r.residency = Residency::Resident;
+            r.slot = Some(slot);
+            r.recomputes += 1;
+            r.last_used = now;
+            let bytes = r.bytes;
+            self.graph.dsu_on_remat(s);
+            if self.memory.has_addresses()
+                && self.graph.st(s).slot.as_ref().is_some_and(|x| x.size > 0)
+            {
+                self.by_ptr.insert(ptr, s);
+            }
+            self.stats.live_bytes += bytes;
+            self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+            self.graph.offer(s);
+        }
+        tracing::trace!(target: "remat_dtr::remat", op = op.0, cost, "rematerialize");
+        Ok(())
+    }
+
+    /// Call `op` on the values of `inputs` (all resident and held). When the op
+    /// reports that the real device ran out of memory, evict policy-chosen
+    /// storages worth at least `hint` bytes (one storage when `hint` is 0) and
+    /// call it again, until it succeeds or nothing is left to evict.
+    pub(super) fn compute_retrying(
+        &mut self,
+        op: &Arc<dyn OpHandle<V>>,
+        inputs: &[StorageId],
+        hint: u64,
+    ) -> Result<Vec<V>> {
+        let mut retries = 0u32;
+        loop {
+            let outcome = {
+                let args: Option<Vec<&V>> = inputs
+                    .iter()
+                    .map(|s| self.values[s.0 as usize].as_ref())
+                    .collect();
+                match args {
+                    Some(args) => op.compute(&args),
+                    None => return Err(Error::Internal("an op input is not resident".into())),
+                }
+            };
+            let err = match outcome {
+                Ok(values) => return Ok(values),
+                Err(e) if e.out_of_memory => e,
+                Err(e) => return Err(e.into()),
+            };
+            tracing::debug!(target: "remat_dtr::oom", op = op.name(), hint, retries, message = %err.message, "device out of memory; evicting");
+            if self.recover_from_device_oom(hint)? == 0 {
+                return Err(Error::DeviceOutOfMemory(Box::new(DeviceOutOfMemory {
+                    op: err.op,
+                    message: err.message,
+                    retries,
+                    figures: self.memory_report(hint),
+                })));
+            }
+            retries += 1;
+        }
+    }
+}
