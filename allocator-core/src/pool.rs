@@ -9,21 +9,25 @@
 //! ```text
 //!   size ──▶ bin (monotonic: a larger size never maps to a lower bin)
 //!            sizes < 32·512 B: one bin per 512 B step; above: 32 bins per power of two
-//!   bins[b]: Vec<Entry> sorted by (size, address), DESCENDING   (often 0–3 entries)
+//!   bins[b]: min   the bin's smallest entry, inline in the header (size 0: empty)
+//!            rest  Vec<Entry> of the others sorted by (size, address), DESCENDING
+//!                  (most bins hold 0–3 entries; a bin of one has no buffer)
 //!   groups:  u64, bit g set ⇔ some bin of group g (32 bins) is non-empty
 //!   nonempty[g]: u32, bit i set ⇔ bins[32·g + i] is non-empty
 //! ```
 //!
-//! Best fit for `size`: binary search in `bins[bin(size)]` for the last entry of
-//! at least `size`; if there is none, the last entry of the next non-empty bin
-//! (two `trailing_zeros`). Every entry of a higher bin is larger than every entry
-//! of a lower one, so this is the global minimum of `(size, address)` over the
-//! blocks of at least `size` — PyTorch's choice. Bins are kept in descending
-//! order so that the best fit, when it is its bin's smallest entry (the usual
-//! case: bins of many equal-size blocks, taken lowest address first), leaves
-//! with a `pop` rather than a shift of the whole bin. Insert and remove are a
-//! binary search and a `Vec` shift; bins keep their capacity, so the steady
-//! state allocates nothing. `unmapped` holds the unmapped blocks of expandable
+//! A bin reads as one descending sequence, `rest` then `min` (logical index
+//! `rest.len()` is `min`). Best fit for `size`: `bins[bin(size)].min` when it is
+//! at least `size` (the usual case: no search and no load of the entry
+//! buffer); else a binary search in that bin's `rest` for the last entry of at
+//! least `size`; if there is none, the `min` of the next non-empty bin (two
+//! `trailing_zeros`). Every entry of a higher bin is larger than every entry of
+//! a lower one, so this is the global minimum of `(size, address)` over the
+//! blocks of at least `size` — PyTorch's choice. Taking `min` refills it with a
+//! `pop` of `rest` (its smallest), never a shift. Other inserts and removes are
+//! a binary search and a `Vec` shift; bins keep their capacity, so the steady
+//! state allocates nothing, and a bin that never holds two blocks at once
+//! never allocates at all. `unmapped` holds the unmapped blocks of expandable
 //! segments in address order (cold paths only).
 
 use crate::block::BlockId;
@@ -89,15 +93,15 @@ fn key_of(size: usize, ptr: DevicePtr) -> u128 {
     ((size as u128) << 64) | ptr as u128
 }
 
-/// Entries a bin has room for when first used: most bins of a workload hold a
-/// few blocks, and starting at 8 rather than `Vec`'s 4 saves their first
-/// reallocation (and its copy) on a fresh allocator.
+/// Entries a bin's `rest` has room for when first used: a bin that holds two
+/// blocks at once usually comes to hold a few, and starting at 8 rather than
+/// `Vec`'s 4 saves their first reallocation (and its copy) on a fresh allocator.
 const BIN_FIRST_CAPACITY: usize = 8;
 
-/// Gives a bin its first buffer.
+/// Gives a bin's `rest` its first buffer.
 #[cold]
-fn first_use(bin: &mut Vec<Entry>) {
-    bin.reserve_exact(BIN_FIRST_CAPACITY);
+fn first_use(rest: &mut Vec<Entry>) {
+    rest.reserve_exact(BIN_FIRST_CAPACITY);
 }
 
 /// A free block as the pool stores it.
@@ -109,14 +113,103 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// The `min` of an empty bin (no block has size 0).
+    const NONE: Entry = Entry {
+        size: 0,
+        ptr: 0,
+        id: BlockId(0),
+    };
+
     #[inline(always)]
     fn key(&self) -> u128 {
         key_of(self.size, self.ptr)
     }
 }
 
-/// The free blocks of one stream. Invariants: each `bins[b]` is sorted by
-/// `(size, ptr)`, largest first, and holds only sizes with `bin_of(size) == b`; bit `b % 32` of
+/// One size bin: its smallest entry inline, the others in a descending `Vec`.
+/// Read as one descending sequence, `rest[0..]` then `min`; positions
+/// ([`Slot::at`]) are indices into that sequence, `rest.len()` being `min`.
+/// Invariants: `min.size == 0` iff the bin is empty (and then `rest` is empty);
+/// every entry of `rest` is larger than `min`.
+#[derive(Debug, Clone)]
+struct Bin {
+    min: Entry,
+    rest: Vec<Entry>,
+}
+
+impl Default for Bin {
+    fn default() -> Bin {
+        Bin {
+            min: Entry::NONE,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl Bin {
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.min.size == 0
+    }
+
+    /// Entries in the bin.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.rest.len() + usize::from(!self.is_empty())
+    }
+
+    /// The entry at position `at` (< `len()`) of the descending sequence.
+    #[inline(always)]
+    fn get(&self, at: usize) -> Entry {
+        match self.rest.get(at) {
+            Some(&e) => e,
+            None => {
+                debug_assert!(at == self.rest.len() && !self.is_empty());
+                self.min
+            }
+        }
+    }
+
+    /// Sets the entry at position `at` (< `len()`).
+    #[inline(always)]
+    fn set(&mut self, at: usize, e: Entry) {
+        match self.rest.get_mut(at) {
+            Some(x) => *x = e,
+            None => self.min = e,
+        }
+    }
+
+    /// Position of the entry keyed `(size, ptr)`, if there (`size > 0`).
+    #[inline]
+    fn find(&self, size: usize, ptr: DevicePtr) -> Option<usize> {
+        if self.min.key() == key_of(size, ptr) {
+            return Some(self.rest.len());
+        }
+        find_in(&self.rest, size, ptr)
+    }
+
+    /// Removes the entry at position `at` (< `len()`); true when the bin is
+    /// empty after.
+    #[inline(always)]
+    fn remove_at(&mut self, at: usize) -> bool {
+        if at < self.rest.len() {
+            self.rest.remove(at);
+            false
+        } else {
+            self.min = self.rest.pop().unwrap_or(Entry::NONE);
+            self.is_empty()
+        }
+    }
+
+    /// The entries, largest first.
+    fn descending(&self) -> impl Iterator<Item = Entry> + '_ {
+        let min = (!self.is_empty()).then_some(self.min);
+        self.rest.iter().copied().chain(min)
+    }
+}
+
+/// The free blocks of one stream. Invariants: each `bins[b]` is a [`Bin`]
+/// holding only sizes with `bin_of(size) == b`; bit `b % 32` of
 /// `nonempty[b / 32]` is set iff `bins[b]` is non-empty; bit `g` of `groups` is
 /// set iff `nonempty[g] != 0`. `bins` grows to the highest bin ever used (a
 /// missing bin is empty), so a small pool's index stays a few KiB.
@@ -125,7 +218,7 @@ struct StreamIndex {
     stream: StreamId,
     groups: u64,
     nonempty: [u32; GROUP_COUNT],
-    bins: Vec<Vec<Entry>>,
+    bins: Vec<Bin>,
 }
 
 impl StreamIndex {
@@ -172,18 +265,27 @@ impl StreamIndex {
         Some(g * SL_COUNT + self.nonempty[g].trailing_zeros() as usize)
     }
 
-    /// Position of the smallest entry of at least `size`: `(bin, index)`.
+    /// The smallest entry of at least `size` and its position `(bin, index)`.
     #[inline(always)]
-    fn lower_bound(&self, size: usize) -> Option<(usize, usize)> {
+    fn lower_bound(&self, size: usize) -> Option<(Entry, usize, usize)> {
+        // Every entry has a size > 0, so 0 finds what 1 does (and an empty
+        // bin's `min`, of size 0, never qualifies).
+        let size = size.max(1);
         let b = bin_of(size);
-        let bin = self.bins.get(b).map_or(&[][..], Vec::as_slice);
-        // Descending: the entries of at least `size` are a prefix.
-        let i = bin.partition_point(|e| e.size >= size);
-        if i > 0 {
-            return Some((b, i - 1));
+        if let Some(bin) = self.bins.get(b) {
+            // The usual hit: the bin's smallest entry, read from its header.
+            if bin.min.size >= size {
+                return Some((bin.min, b, bin.rest.len()));
+            }
+            // Descending: the entries of at least `size` are a prefix of `rest`.
+            let i = bin.rest.partition_point(|e| e.size >= size);
+            if i > 0 {
+                return Some((bin.rest[i - 1], b, i - 1));
+            }
         }
-        self.next_nonempty(b + 1)
-            .map(|b| (b, self.bins[b].len() - 1))
+        let b = self.next_nonempty(b + 1)?;
+        let bin = &self.bins[b];
+        Some((bin.min, b, bin.rest.len()))
     }
 
     #[inline]
@@ -192,22 +294,35 @@ impl StreamIndex {
         if b >= self.bins.len() {
             self.grow(b);
         }
+        debug_assert!(e.size > 0, "a pool entry of size 0");
         let bin = &mut self.bins[b];
-        if bin.capacity() == 0 {
-            first_use(bin);
+        if bin.is_empty() {
+            bin.min = e;
+            self.mark(b);
+            return true;
         }
-        // A new smallest entry (the only case for an empty bin) is appended,
-        // skipping the search and the shift.
-        if bin.last().is_none_or(|l| e.key() < l.key()) {
-            bin.push(e);
+        let key = e.key();
+        let min_key = bin.min.key();
+        if key == min_key {
+            return false;
+        }
+        if bin.rest.capacity() == 0 {
+            first_use(&mut bin.rest);
+        }
+        if key < min_key {
+            // A new smallest entry: the old one is the smallest of `rest`.
+            bin.rest.push(bin.min);
+            bin.min = e;
+        } else if bin.rest.last().is_none_or(|l| key < l.key()) {
+            // The smallest of `rest`: appended, no search and no shift.
+            bin.rest.push(e);
         } else {
-            let i = descending_position(bin, e.size, e.ptr);
-            if bin.get(i).is_some_and(|x| x.key() == e.key()) {
+            let i = descending_position(&bin.rest, e.size, e.ptr);
+            if bin.rest.get(i).is_some_and(|x| x.key() == key) {
                 return false;
             }
-            bin.insert(i, e);
+            bin.rest.insert(i, e);
         }
-        self.mark(b);
         true
     }
 
@@ -215,22 +330,18 @@ impl StreamIndex {
     fn remove(&mut self, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         let b = bin_of(size);
         let bin = self.bins.get_mut(b)?;
-        let e = if bin.last().is_some_and(|l| l.key() == key_of(size, ptr)) {
-            bin.pop()?
-        } else {
-            let i = find_in(bin, size, ptr)?;
-            bin.remove(i)
-        };
-        if bin.is_empty() {
+        let at = bin.find(size, ptr)?;
+        let id = bin.get(at).id;
+        if bin.remove_at(at) {
             self.unmark(b);
         }
-        Some(e.id)
+        Some(id)
     }
 
     /// Makes bins up to `bin` exist.
     #[cold]
     fn grow(&mut self, bin: usize) {
-        self.bins.resize_with(bin + 1, Vec::new);
+        self.bins.resize_with(bin + 1, Bin::default);
     }
 
     /// Every entry in `(size, address)` order, visiting only non-empty bins.
@@ -275,14 +386,14 @@ impl Iterator for AtLeast<'_> {
         let index = self.index?;
         if self.at > 0 {
             self.at -= 1;
-            return Some(index.bins[self.bin][self.at]);
+            return Some(index.bins[self.bin].get(self.at));
         }
         match index.next_nonempty(self.bin + 1) {
             Some(b) => {
-                let last = index.bins[b].len() - 1;
+                let bin = &index.bins[b];
                 self.bin = b;
-                self.at = last;
-                Some(index.bins[b][last])
+                self.at = bin.rest.len();
+                Some(bin.min)
             }
             None => {
                 self.index = None;
@@ -364,7 +475,7 @@ impl BlockPool {
     #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn get(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<BlockId> {
         let bin = self.index(stream)?.bins.get(bin_of(size))?;
-        find_in(bin, size, ptr).map(|i| bin[i].id)
+        bin.find(size, ptr).map(|i| bin.get(i).id)
     }
 
     /// Number of free blocks.
@@ -387,14 +498,13 @@ impl BlockPool {
     #[inline(always)]
     pub(crate) fn best_fit(&self, stream: StreamId, size: usize) -> Option<(Entry, Slot)> {
         let s = self.streams.iter().position(|s| s.stream == stream)?;
-        let index = &self.streams[s];
-        let (bin, at) = index.lower_bound(size)?;
+        let (entry, bin, at) = self.streams[s].lower_bound(size)?;
         let slot = Slot {
             stream: s as u32,
             bin: bin as u32,
             at: at as u32,
         };
-        Some((index.bins[bin][at], slot))
+        Some((entry, slot))
     }
 
     /// Removes the entry at `slot`, from [`BlockPool::best_fit`] with no change
@@ -402,13 +512,7 @@ impl BlockPool {
     #[inline(always)]
     pub(crate) fn remove_slot(&mut self, slot: Slot) {
         let index = &mut self.streams[slot.stream as usize];
-        let bin = &mut index.bins[slot.bin as usize];
-        if slot.at as usize + 1 == bin.len() {
-            bin.pop();
-        } else {
-            bin.remove(slot.at as usize);
-        }
-        if bin.is_empty() {
+        if index.bins[slot.bin as usize].remove_at(slot.at as usize) {
             index.unmark(slot.bin as usize);
         }
         self.len -= 1;
@@ -419,12 +523,7 @@ impl BlockPool {
     pub(crate) fn find(&self, stream: StreamId, size: usize, ptr: DevicePtr) -> Option<Slot> {
         let s = self.streams.iter().position(|s| s.stream == stream)?;
         let b = bin_of(size);
-        let bin = self.streams[s].bins.get(b)?;
-        let at = if bin.last().is_some_and(|l| l.key() == key_of(size, ptr)) {
-            bin.len() - 1
-        } else {
-            find_in(bin, size, ptr)?
-        };
+        let at = self.streams[s].bins.get(b)?.find(size, ptr)?;
         Some(Slot {
             stream: s as u32,
             bin: b as u32,
@@ -445,13 +544,15 @@ impl BlockPool {
         let bin = &mut self.streams[slot.stream as usize].bins[slot.bin as usize];
         let at = slot.at as usize;
         let key = key_of(size, ptr);
-        if at > 0 && bin[at - 1].key() <= key {
+        // Neighbours in the descending sequence: the larger at `at - 1`, the
+        // smaller at `at + 1` (none when `at` is `min`).
+        if at > 0 && bin.get(at - 1).key() <= key {
             return false;
         }
-        if bin.get(at + 1).is_some_and(|n| n.key() >= key) {
+        if at < bin.rest.len() && bin.get(at + 1).key() >= key {
             return false;
         }
-        bin[at] = Entry { size, ptr, id };
+        bin.set(at, Entry { size, ptr, id });
         true
     }
 
@@ -460,7 +561,7 @@ impl BlockPool {
     pub(crate) fn at_least(&self, stream: StreamId, size: usize) -> AtLeast<'_> {
         let index = self.index(stream);
         match index.and_then(|s| s.lower_bound(size)) {
-            Some((bin, at)) => AtLeast {
+            Some((_, bin, at)) => AtLeast {
                 index,
                 bin,
                 at: at + 1,
@@ -485,7 +586,7 @@ impl BlockPool {
             s.bins[..s.bins.len().min(top + 1)]
                 .iter()
                 .rev()
-                .flat_map(|b| b.iter().copied())
+                .flat_map(Bin::descending)
                 .filter(move |e| e.size < size)
         })
     }
