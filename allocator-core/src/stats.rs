@@ -389,6 +389,13 @@ pub(crate) struct Counters {
     pub num_device_alloc: i64,
     pub num_device_free: i64,
     pub max_split_size: i64,
+    /// `active` and `active_bytes` are `allocation` and `allocated_bytes`, field
+    /// for field, and are not kept apart: true from [`Counters::mirror_active`]
+    /// until [`Counters::unmirror_active`]. They differ only once a freed block
+    /// waits on stream events (it stays active, no longer allocated), so until
+    /// the first such free the two pairs move together and updating `active`
+    /// would repeat every add and maximum of `allocation`.
+    active_mirrored: bool,
 }
 
 impl Counters {
@@ -396,6 +403,48 @@ impl Counters {
         Counters {
             max_split_size: i64::try_from(max_split_size).unwrap_or(-1),
             ..Default::default()
+        }
+    }
+
+    /// Starts reading `active` and `active_bytes` from `allocation` and
+    /// `allocated_bytes` (see `active_mirrored`). Only valid while they are
+    /// equal: on fresh counters.
+    pub(crate) fn mirror_active(&mut self) {
+        debug_assert!(
+            self.allocation.stats() == self.active.stats()
+                && self.allocated_bytes.stats() == self.active_bytes.stats(),
+            "mirror_active on diverged counters"
+        );
+        self.active_mirrored = true;
+    }
+
+    /// Keeps `active` and `active_bytes` apart from here on (before the first
+    /// update that moves them differently from `allocation`).
+    #[cold]
+    pub(crate) fn unmirror_active(&mut self) {
+        if self.active_mirrored {
+            self.active = self.allocation;
+            self.active_bytes = self.allocated_bytes;
+            self.active_mirrored = false;
+        }
+    }
+
+    /// `active` and `active_bytes` for a block of `bytes` becoming active
+    /// (nothing to do while they are mirrored).
+    #[inline(always)]
+    pub(crate) fn increase_active(&mut self, small: bool, bytes: i64) {
+        if !self.active_mirrored {
+            self.active.increase(small, 1);
+            self.active_bytes.increase(small, bytes);
+        }
+    }
+
+    /// `active` and `active_bytes` for a block of `bytes` becoming inactive.
+    #[inline(always)]
+    pub(crate) fn decrease_active(&mut self, small: bool, bytes: i64) {
+        if !self.active_mirrored {
+            self.active.decrease(small, 1);
+            self.active_bytes.decrease(small, bytes);
         }
     }
 
@@ -415,14 +464,19 @@ impl Counters {
 
     /// The statistics in PyTorch's form.
     pub(crate) fn device_stats(&self) -> DeviceStats {
+        let (active, active_bytes) = if self.active_mirrored {
+            (&self.allocation, &self.allocated_bytes)
+        } else {
+            (&self.active, &self.active_bytes)
+        };
         DeviceStats {
             allocation: self.allocation.stats(),
             segment: self.segment.stats(),
-            active: self.active.stats(),
+            active: active.stats(),
             inactive_split: self.inactive_split.stats(),
             allocated_bytes: self.allocated_bytes.stats(),
             reserved_bytes: self.reserved_bytes.stats(),
-            active_bytes: self.active_bytes.stats(),
+            active_bytes: active_bytes.stats(),
             inactive_split_bytes: self.inactive_split_bytes.stats(),
             requested_bytes: self.requested_bytes.stats(),
             oversize_allocations: self.oversize_allocations.stat(),

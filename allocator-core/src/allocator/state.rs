@@ -162,8 +162,10 @@ impl State {
         has_vmm: bool,
     ) -> State {
         let config_max_split = config.max_split_size;
+        let mut stats = Counters::new(config.max_split_size);
+        stats.mirror_active();
         State {
-            stats: Counters::new(config.max_split_size),
+            stats,
             plain_rounding: plain_rounding(&config),
             config,
             blocks: BlockArena::with_capacity(INITIAL_BLOCK_CAPACITY),
@@ -544,8 +546,7 @@ impl State {
         let st = &mut self.stats;
         st.allocation.increase(small, 1);
         st.allocated_bytes.increase(small, bsize as i64);
-        st.active.increase(small, 1);
-        st.active_bytes.increase(small, bsize as i64);
+        st.increase_active(small, bsize as i64);
         st.requested_bytes.increase(small, req.orig as i64);
         if bsize >= self.oversize_threshold {
             st.oversize_allocations.increase(1);
@@ -599,6 +600,8 @@ impl State {
         if events.is_empty() {
             return self.free_now(id);
         }
+        // The block stays active, no longer allocated: the two part here.
+        self.stats.unmirror_active();
         self.release_for_caller(id, events.len() as u32);
         for (s, e) in events {
             self.events.entry(s).or_default().push_back((e, id));
@@ -674,8 +677,7 @@ impl State {
             st.inactive_split.add_signed(small, net_blocks);
             st.inactive_split_bytes.add_signed(small, net_bytes);
         }
-        st.active.decrease(small, 1);
-        st.active_bytes.decrease(small, orig_size as i64);
+        st.decrease_active(small, orig_size as i64);
         st.requested_bytes.decrease(small, requested as i64);
     }
 
