@@ -55,7 +55,7 @@ const _: () = assert!(GROUP_COUNT <= 64);
 
 /// The bin of `size`: monotonic non-decreasing in `size`.
 #[inline]
-fn bin_of(size: usize) -> usize {
+pub(crate) const fn bin_of(size: usize) -> usize {
     let units = (size >> UNIT_SHIFT) as u64;
     if units < SL_COUNT as u64 {
         return units as usize;
@@ -438,6 +438,19 @@ impl BlockPool {
             None => self.add_stream(stream),
         };
         &mut self.streams[i]
+    }
+
+    /// A pool that already holds the (empty) index of `stream` with its first
+    /// `bins` bins made: a fresh allocator's first inserts on its default
+    /// stream then neither create the index nor grow its bins (each growth
+    /// copies the bins made so far).
+    pub(crate) fn with_stream(stream: StreamId, bins: usize) -> Self {
+        let mut index = StreamIndex::new(stream);
+        index.bins.resize_with(bins.min(BIN_COUNT), Bin::default);
+        BlockPool {
+            streams: vec![index],
+            ..BlockPool::new()
+        }
     }
 
     #[cold]

@@ -12,7 +12,7 @@ use crate::block::{Block, BlockArena, BlockId, PoolKind};
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DeviceError, DevicePtr, EventId, StreamId};
 use crate::error::{Error, OutOfMemoryError};
-use crate::pool::{BlockPool, Slot};
+use crate::pool::{bin_of, BlockPool, Slot};
 use crate::size::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 use crate::snapshot::{
     BlockSnapshot, BlockState, HistoryConfig, SegmentSnapshot, Snapshot, TraceAction, TraceEntry,
@@ -21,9 +21,16 @@ use crate::stats::Counters;
 use crate::Result;
 
 /// Blocks a fresh allocator has room for before its slab first reallocates
-/// (88 bytes each): a workload's first segments split into this many blocks
-/// without copying the slab.
-const INITIAL_BLOCK_CAPACITY: usize = 128;
+/// (88 bytes each, 88 KiB in all; pages not yet used are not touched): a
+/// workload's first segments split into this many blocks without copying the
+/// slab.
+const INITIAL_BLOCK_CAPACITY: usize = 1024;
+
+/// Bins a fresh allocator makes for its default stream in the small pool:
+/// every small-pool size (48 bytes each, 11 KiB).
+const SMALL_POOL_BINS: usize = bin_of(SMALL_SIZE) + 1;
+/// The same in the large pool: sizes below 1 GiB (26 KiB).
+const LARGE_POOL_BINS: usize = bin_of(1 << 30);
 
 /// True when `config` rounds every request to a multiple of 512 B only (no
 /// `roundup_power2_divisions` band above 1).
@@ -169,8 +176,8 @@ impl State {
             plain_rounding: plain_rounding(&config),
             config,
             blocks: BlockArena::with_capacity(INITIAL_BLOCK_CAPACITY),
-            small: BlockPool::new(),
-            large: BlockPool::new(),
+            small: BlockPool::with_stream(StreamId::DEFAULT, SMALL_POOL_BINS),
+            large: BlockPool::with_stream(StreamId::DEFAULT, LARGE_POOL_BINS),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
             memory_fraction: 1.0,
