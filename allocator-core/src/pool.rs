@@ -54,18 +54,26 @@ const GROUP_COUNT: usize = BIN_COUNT / SL_COUNT;
 const _: () = assert!(GROUP_COUNT <= 64);
 
 /// The bin of `size`: monotonic non-decreasing in `size`.
+///
+/// Without branches: with `fl = max(log2(units), SL_BITS)` and
+/// `shift = fl - SL_BITS`, `units >> shift` is the unit count itself below
+/// `SL_COUNT` units (the linear bins, `shift` = 0) and `SL_COUNT + sl` above,
+/// where `sl` is the second-level index; so `(shift << SL_BITS) + (units >>
+/// shift)` is `units` for the linear bins and `(fl − SL_BITS + 1)·SL_COUNT + sl`
+/// above them. Sizes of `2^FL_MAX` units and more clamp to the last bin.
 #[inline]
 pub(crate) const fn bin_of(size: usize) -> usize {
     let units = (size >> UNIT_SHIFT) as u64;
-    if units < SL_COUNT as u64 {
-        return units as usize;
+    // `| 1`: log2 of 0 units reads as 0 (then `fl` = SL_BITS, bin 0).
+    let log2 = 63 - (units | 1).leading_zeros();
+    let fl = if log2 > SL_BITS { log2 } else { SL_BITS };
+    let shift = fl - SL_BITS;
+    let bin = ((shift as usize) << SL_BITS) + (units >> shift) as usize;
+    if bin < BIN_COUNT {
+        bin
+    } else {
+        BIN_COUNT - 1
     }
-    let fl = 63 - units.leading_zeros(); // ≥ SL_BITS
-    if fl >= FL_MAX {
-        return BIN_COUNT - 1;
-    }
-    let sl = (units >> (fl - SL_BITS)) as usize & (SL_COUNT - 1);
-    (fl - SL_BITS + 1) as usize * SL_COUNT + sl
 }
 
 /// Where `(size, ptr)` is or would go in a bin sorted descending: the number
@@ -648,6 +656,28 @@ mod tests {
             size += (size >> 4).max(1);
         }
         assert_eq!(bin_of(usize::MAX), BIN_COUNT - 1);
+        // The branch-free form against the two-level definition.
+        let reference = |size: usize| {
+            let units = (size >> UNIT_SHIFT) as u64;
+            if units < SL_COUNT as u64 {
+                return units as usize;
+            }
+            let fl = 63 - units.leading_zeros();
+            if fl >= FL_MAX {
+                return BIN_COUNT - 1;
+            }
+            let sl = (units >> (fl - SL_BITS)) as usize & (SL_COUNT - 1);
+            (fl - SL_BITS + 1) as usize * SL_COUNT + sl
+        };
+        for shift in 0..usize::BITS {
+            let p = 1usize << shift;
+            for s in [p - 1, p, p + 1, p + 511, p + 512, p | (p >> 1), p | (p - 1)] {
+                assert_eq!(bin_of(s), reference(s), "bin_of({s})");
+            }
+        }
+        for s in (0..(64usize << 20)).step_by(512) {
+            assert_eq!(bin_of(s), reference(s), "bin_of({s})");
+        }
         // The linear bins: one per 512 B step.
         assert_eq!((bin_of(512), bin_of(1023), bin_of(1024)), (1, 1, 2));
     }

@@ -259,9 +259,13 @@ impl<D: Device> CachingAllocator<D> {
     fn malloc_miss<'a>(&'a self, mut g: Guards<'a, D>, req: &Request) -> Result<Allocation> {
         let req = req.with_alloc_size(&g.st.config);
         // 2. free-memory callbacks (outside the lock), then one more lookup.
-        let callbacks: Vec<Arc<Box<FreeMemoryCallback>>> =
-            lock(&self.hooks).free_memory_callbacks.clone();
-        if !callbacks.is_empty() {
+        // Cloned (to run them unlocked) only when there are any.
+        let callbacks: Option<Vec<Arc<Box<FreeMemoryCallback>>>> = {
+            let hooks = lock(&self.hooks);
+            let cbs = &hooks.free_memory_callbacks;
+            (!cbs.is_empty()).then(|| cbs.clone())
+        };
+        if let Some(callbacks) = callbacks {
             drop(g);
             let freed = callbacks.iter().fold(false, |acc, cb| cb() | acc);
             g = self.guards();
