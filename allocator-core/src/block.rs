@@ -148,8 +148,9 @@ impl Block {
 
 /// Slab of blocks addressed by [`BlockId`]. A removed block's slot stays in
 /// place (marked dead, its allocation serial 0) until an insert reuses it, so
-/// indexing is one bounds check and neither insert nor remove moves a whole
-/// block through an `Option`.
+/// neither insert nor remove moves a whole block through an `Option`, and
+/// `slots` never shrinks: every id the arena ever minted stays in range, which
+/// lets indexing skip the bounds check (see `Index`).
 #[derive(Debug, Default)]
 pub(crate) struct BlockArena {
     slots: Vec<Block>,
@@ -224,7 +225,17 @@ impl std::ops::Index<BlockId> for BlockArena {
     type Output = Block;
     #[inline(always)]
     fn index(&self, id: BlockId) -> &Block {
-        let b = &self.slots[id.0 as usize];
+        debug_assert!(
+            (id.0 as usize) < self.slots.len(),
+            "block {id:?} out of range"
+        );
+        // SAFETY: `id.0 < self.slots.len()`. Outside tests, every `BlockId`
+        // is minted by `BlockArena::insert` as an index into `slots`, which
+        // never shrinks (a removed block's slot stays, dead), and the ids the
+        // allocator stores (pool entries, segment links, events) come from its
+        // own arena; a caller's handle is bounds-checked by `holds_allocation`
+        // before its id is used.
+        let b = unsafe { self.slots.get_unchecked(id.0 as usize) };
         debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
         b
     }
@@ -233,7 +244,13 @@ impl std::ops::Index<BlockId> for BlockArena {
 impl std::ops::IndexMut<BlockId> for BlockArena {
     #[inline(always)]
     fn index_mut(&mut self, id: BlockId) -> &mut Block {
-        let b = &mut self.slots[id.0 as usize];
+        debug_assert!(
+            (id.0 as usize) < self.slots.len(),
+            "block {id:?} out of range"
+        );
+        // SAFETY: as in `index`: every id is below `slots.len()`, which never
+        // shrinks.
+        let b = unsafe { self.slots.get_unchecked_mut(id.0 as usize) };
         debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
         b
     }
