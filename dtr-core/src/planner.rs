@@ -178,17 +178,19 @@ pub(crate) fn plan_iteration(
 /// portfolio entry replays it at a cost of at most `max_overhead` times its
 /// first computations (the planned steps after it), found by
 /// bisection (to 512 B under a physical budget, where the arena rounds to
-/// that, and to 1 B under a logical one). Physical budgets are simulated as a
-/// compacting arena (each request rounded to 512 B, no fragmentation): the
-/// floor the online runtime reaches once it falls back to one. A plan at that
-/// budget must also be placed without moving blocks, so a planned step may
-/// need a little more (the runtime adopts a plan only where it is cheaper than
-/// the online step). Bisection assumes feasibility grows with the budget, so
+/// that, and to 1 B under a logical one). Under a physical budget the first
+/// step is simulated in a compacting arena (each request rounded to 512 B, no
+/// fragmentation: the floor the online runtime reaches once it falls back to
+/// one); the steps after it must either run online there at most
+/// `max_overhead` or follow what [`plan_iteration`] makes at the budget: a
+/// plan placed without moving blocks. (Asking the compacting arena for the
+/// portfolio's plans too answered budgets at which no plan could be placed,
+/// and the steady step ran online, thrashing.) Bisection assumes feasibility grows with the budget, so
 /// where it does not, a smaller feasible budget may exist. `Ok(None)`: not
 /// even a budget that holds every allocation of the iteration at once replays
 /// it.
 pub(crate) fn min_feasible_budget(
-    rec: &Recording,
+    rec: &Arc<Recording>,
     config: &DtrConfig,
     max_overhead: f64,
 ) -> Result<Option<u64>> {
@@ -221,6 +223,12 @@ pub(crate) fn min_feasible_budget(
         };
         if online.total_ns <= limit_ns * (1.0 + 1e-9) {
             return Ok(true);
+        }
+        if physical {
+            // A compacting arena is the online floor, not a plan: the steps
+            // after the first follow a plan only if one is placed in the
+            // budget, so ask the planner itself.
+            return Ok(plan_iteration(rec, &config, limit_ns)?.is_some());
         }
         for (_, entry) in PORTFOLIO {
             if matches!(entry, Entry::Configured) {
