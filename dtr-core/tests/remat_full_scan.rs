@@ -6,6 +6,11 @@
 //! not: ranking just those evicts them, ties their regeneration to their
 //! parents', and on Burn's test model at 30 % of its peak this thrashed
 //! (docs/burn.md, "Low budgets and policies").
+//!
+//! With √N sampling on, remat still ranks a pool of at most
+//! `RematPolicy::SCREEN`² = 256 candidates whole: a √N sample of it would hold
+//! at most the screen's 16, so sampling would save no walk and only hide the
+//! argmin (Burn's CTC gradient at 4 KiB replayed 199× its ops that way).
 
 use std::sync::Arc;
 
@@ -25,12 +30,16 @@ fn op() -> Arc<dyn OpHandle<u64>> {
 /// h(q_0) = 1001 / (100 · ~16 000) ≈ 6e-4 at best, h(w) = 10 / (100 000 · 1) = 1e-4.
 /// One eviction places the request. Returns (q evicted?, w evicted?).
 fn run(policy: PolicyKind, pairs: usize) -> (Vec<bool>, bool) {
+    run_sampled(policy, pairs, false)
+}
+
+fn run_sampled(policy: PolicyKind, pairs: usize, sampling: bool) -> (Vec<bool>, bool) {
     let resident = 10 + pairs as u64 * 100 + 100_000;
     let c = DtrConfig::default()
         .with_budget(resident + 50)
         .with_budget_mode(BudgetMode::Logical)
         .with_policy(policy)
-        .with_sampling(false)
+        .with_sampling(sampling)
         .with_filter(false);
     let mut rt: Runtime<u64> = Runtime::new(c).unwrap();
     let x = rt.put(0, 10).unwrap();
@@ -72,4 +81,17 @@ fn full_scan_remat_agrees_with_a_small_screen() {
     // 4 pairs: everybody fits in the screen; the argmin is the same.
     let (q, w) = run(PolicyKind::Remat, 4);
     assert!(w && q.iter().all(|e| !e), "{q:?} {w}");
+}
+
+#[test]
+fn sampled_remat_ranks_a_small_pool_whole() {
+    // 17 and 40 pairs: 18 and 41 candidates, at most 256, so the √N sample
+    // is not drawn and the argmin w is found as under a full scan. Under the
+    // old rule (sample above 16) a sample of 5–7 of them missed w (more pairs
+    // would make the oldest q the argmin: its staleness grows).
+    for pairs in [17, 40] {
+        let (q, w) = run_sampled(PolicyKind::Remat, pairs, true);
+        assert!(w, "{pairs} pairs: w (the h_DTR argmin) not evicted");
+        assert!(q.iter().all(|e| !e), "{pairs} pairs: evicted a q");
+    }
 }

@@ -44,6 +44,13 @@ pub trait EvictionPolicy: Send {
     fn name(&self) -> &'static str;
     /// Choose victims.
     fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>);
+    /// Under √N sampling, the most candidates that are still all offered in
+    /// [`DecisionView::pool`] (not sampled). The default, 16, is the DTR
+    /// paper's setting: a sample only saves work once it is a small part of
+    /// the pool.
+    fn whole_pool_up_to(&self) -> usize {
+        16
+    }
 }
 
 /// The policy for a [`PolicyKind`] with the config's parameters.
@@ -73,6 +80,8 @@ pub struct DecisionView<'a> {
     /// The runtime defragments this memory when free bytes are in pieces, so
     /// where a block sits does not constrain placement: price logically.
     pub(crate) defragmenting: bool,
+    /// [`DecisionView::pool`] is a sample, not every candidate.
+    pub(crate) sampled: bool,
 }
 
 impl<'a> DecisionView<'a> {
@@ -80,6 +89,13 @@ impl<'a> DecisionView<'a> {
     /// the small-candidate filter (as configured).
     pub fn pool(&self) -> &[StorageId] {
         self.pool
+    }
+
+    /// Whether [`DecisionView::pool`] is a √N sample rather than every
+    /// candidate (sampling is on and there are more candidates than
+    /// [`EvictionPolicy::whole_pool_up_to`]).
+    pub fn sampled(&self) -> bool {
+        self.sampled
     }
 
     /// The bytes, own cost and last use of candidate `s` (one read of a contiguous

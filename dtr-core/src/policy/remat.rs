@@ -25,7 +25,14 @@
 //!    and ranking only them thrashed (Burn's test model at 30 % of its peak,
 //!    where costs are proportional to bytes and the local score is staleness;
 //!    lstm, treelstm and unroll_gan under a logical budget at 0.4–0.5; see
-//!    docs/burn.md). With √N sampling the screen stays as it is.
+//!    docs/burn.md). With √N sampling the screen stays as it is, but a
+//!    sample is drawn only from more than [`RematPolicy::SCREEN`]² = 256
+//!    candidates: below that a √N sample holds at most the screen's 16, the
+//!    screen keeps all of them and stage 2 ranks them all, so sampling saves
+//!    no walk and only hides the argmin. The whole pool is ranked instead, as
+//!    under a full scan. (Burn's CTC gradient, 573 ops at 4 KiB, has a few
+//!    dozen candidates: a sample of 5–7 replayed 199× its ops, the whole pool
+//!    0.34×; see docs/burn.md.)
 //! 3. **Place** (physical budget, failed allocation): over the allocator's
 //!    address-ordered blocks, find the contiguous run in the request's pool —
 //!    evictable blocks and the free blocks between them, pinned blocks as barriers —
@@ -118,6 +125,14 @@ impl EvictionPolicy for RematPolicy {
         "remat"
     }
 
+    /// [`RematPolicy::SCREEN`]²: up to there a √N sample holds at most
+    /// `SCREEN` candidates, the screen keeps them all and stage 2 ranks the
+    /// sample whole, so sampling saves no walk and only hides the argmin; the
+    /// whole pool is ranked instead, exhaustively (see the module doc).
+    fn whole_pool_up_to(&self) -> usize {
+        Self::SCREEN * Self::SCREEN
+    }
+
     fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>) {
         // While thrashing, staleness is ignored (see the module doc).
         let use_stale = !view.thrashing();
@@ -176,7 +191,7 @@ impl EvictionPolicy for RematPolicy {
         // local score, until the bound stops it: the victim is then the h_DTR
         // argmin over the whole pool, not over its locally cheapest part.
         let mut extra = 0;
-        if self.exhaustive && !stopped && !self.rest.is_empty() {
+        if (self.exhaustive || !view.sampled()) && !stopped && !self.rest.is_empty() {
             self.rest
                 .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             let screened = self.ranked.len();

@@ -71,6 +71,8 @@ pub struct Runtime<V> {
     // Scratch.
     pool: Vec<StorageId>,
     pool_hot: Vec<Hot>,
+    /// The pool is a √N sample (not every candidate).
+    pool_sampled: bool,
     victims: Vec<StorageId>,
     /// Set while the threshold trigger evicts: only storages whose evicted
     /// region stays small are chosen ([`crate::graph::Graph::threshold_evictable`]).
@@ -142,6 +144,7 @@ impl<V> Runtime<V> {
             compute_limit: None,
             pool: Vec::new(),
             pool_hot: Vec::new(),
+            pool_sampled: false,
             victims: Vec::new(),
             thresholding: false,
             frames: Vec::new(),
@@ -1339,7 +1342,8 @@ impl<V> Runtime<V> {
             0
         };
         let hot = &self.graph.hot;
-        if self.config.sampling && n > 16 {
+        self.pool_sampled = self.config.sampling && n > self.policy.whole_pool_up_to();
+        if self.pool_sampled {
             let k = (n as f64).sqrt().ceil() as usize;
             for _ in 0..k {
                 let i = self.rng.below(n);
@@ -1419,6 +1423,7 @@ impl<V> Runtime<V> {
             by_ptr: &self.by_ptr,
             request,
             defragmenting,
+            sampled: self.pool_sampled,
         };
         self.policy.choose(&mut view, &mut self.victims);
     }
