@@ -1,7 +1,7 @@
 //! [`CachingAllocator`]: PyTorch's `DeviceCachingAllocator` over a [`Device`].
 //!
 //! The public type holds two mutexes, always taken in this order: the allocator
-//! state, then the device. All bookkeeping lives in [`State`] (see `state.rs`),
+//! state, then the device. All bookkeeping lives in `State` (see `state.rs`),
 //! whose methods take `&mut self` plus the device, so the rules read like the
 //! spec; this file owns locking, handle validation and the malloc steps.
 
