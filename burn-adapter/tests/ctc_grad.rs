@@ -10,7 +10,8 @@
 //! configuration finishes with ~250 rematerializations in one run and thrashes
 //! with ~10⁵ in the next (docs/burn.md, "Known limits").
 //!
-//! `probe` (ignored) prints the figures of docs/burn.md for one configuration:
+//! `probe` (ignored) prints the figures of docs/burn.md for one configuration
+//! (with `P_FLOOR=1`, also the floor query of an unbudgeted run):
 //!
 //! ```sh
 //! P_MODE=logical P_POLICY=remat P_SAMPLING=true P_BUDGET=4096 [P_COST=gpu] \
@@ -130,6 +131,23 @@ fn probe() {
         Ok("gpu") => CostModel::gpu(),
         _ => CostModel::default(),
     };
+    if std::env::var("P_FLOOR").is_ok() {
+        // The floor query of an unbudgeted run of the case (in P_MODE), the
+        // case run twice as two iterations.
+        let free = dtr_device(DtrConfig::default().with_budget_mode(mode), cost);
+        free.record_iterations();
+        for _ in 0..2 {
+            run(&free).expect("unbudgeted");
+            free.end_iteration().expect("end_iteration");
+        }
+        let peak = free.stats().memory.peak_allocated;
+        for x in [1.0, 2.0] {
+            println!(
+                "{mode:?}: peak {peak} B, smallest budget at {x}x: {:?}",
+                free.min_feasible_budget(x)
+            );
+        }
+    }
     let device = dtr_device(config, cost);
     let start = std::time::Instant::now();
     let got = run(&device);

@@ -11,6 +11,8 @@
 //!
 //! `PROBE_SAMPLING=1` turns √N sampling on (default: full scan);
 //! `PROBE_MODE=physical` uses the physical budget mode (default: logical);
+//! `PROBE_FLOOR=1` also prints `min_feasible_budget(2.0)` of the unbudgeted
+//! run (in the probe's budget mode);
 //! `PROBE_GRADS=1` reads every gradient as the equivalence test does (their
 //! values stay live until read: a harder budget than training alone); the
 //! last step's iteration report is printed too.
@@ -75,8 +77,21 @@ fn probe() {
     let policy: PolicyKind = env("PROBE_POLICY", PolicyKind::Remat);
     let sampling = std::env::var("PROBE_SAMPLING").is_ok();
     let unconstrained = device(None, PolicyKind::Msps, false);
+    let floor = std::env::var("PROBE_FLOOR").is_ok();
+    if floor {
+        unconstrained.record_iterations();
+    }
     let want = losses(&d, &unconstrained).expect("unconstrained run");
     let peak = unconstrained.stats().memory.peak_allocated;
+    if floor {
+        let f = unconstrained
+            .min_feasible_budget(2.0)
+            .expect("a recorded step");
+        println!(
+            "peak {peak} B; smallest budget at 2x: {f} B ({:.1} % of the peak)",
+            100.0 * f as f64 / peak as f64
+        );
+    }
     let dev = device(Some(peak * percent / 100), policy, sampling);
     // Reads panic on a device error; the typed error is taken below.
     std::panic::set_hook(Box::new(|_| {}));
