@@ -14,6 +14,7 @@
 //! | `seed` | u64 for the sampler | `0x5eed` |
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
+//! | `plan_background` | `on`/`off`: plan on a background thread; the next iteration runs online and the plan is followed from the one after | `off` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
 //! The allocator behind a physical budget has its own settings
@@ -209,6 +210,12 @@ pub struct DtrConfig {
     /// [`crate::Runtime::end_iteration`], plan the next one offline (with a budget
     /// and no threshold; see [`crate::planner`]).
     pub plan_ahead: bool,
+    /// Plan on a background thread instead of at the boundary: the iteration
+    /// after a boundary runs online while its predecessor's recording is
+    /// planned, and the plan is followed from the iteration after that, if the
+    /// program and the starting state repeat (see
+    /// [`crate::Runtime::end_iteration`]).
+    pub plan_background: bool,
 }
 
 impl Default for DtrConfig {
@@ -226,6 +233,7 @@ impl Default for DtrConfig {
             expandable_segments: false,
             allocator: AllocatorConfig::default(),
             plan_ahead: true,
+            plan_background: false,
         }
     }
 }
@@ -285,6 +293,12 @@ impl DtrConfig {
         self
     }
 
+    /// Plan on a background thread (see [`DtrConfig::plan_background`]).
+    pub fn with_plan_background(mut self, on: bool) -> Self {
+        self.plan_background = on;
+        self
+    }
+
     /// Parse `key:value,key:value` (whitespace around items is ignored; an empty
     /// string is the default config).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -309,6 +323,7 @@ impl DtrConfig {
                 }
                 "expandable_segments" => c.expandable_segments = parse_switch(key, value)?,
                 "plan_ahead" => c.plan_ahead = parse_switch(key, value)?,
+                "plan_background" => c.plan_background = parse_switch(key, value)?,
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
                 "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
                 "megengine_staleness" => c.megengine.staleness = parse_f64(key, value)?,

@@ -298,6 +298,18 @@ pub struct Recording {
 }
 
 impl Recording {
+    /// The same starting state and the same program (calls, names, sizes),
+    /// whatever the measured costs.
+    pub fn same_program(&self, other: &Recording) -> bool {
+        self.start == other.start
+            && self.events.len() == other.events.len()
+            && self
+                .events
+                .iter()
+                .zip(&other.events)
+                .all(|(a, b)| a.same_program(b))
+    }
+
     /// Σ of the events' first-computation costs (ns).
     pub fn compute_ns(&self) -> u64 {
         self.events.iter().map(Event::cost_ns).sum()

@@ -146,11 +146,14 @@ pub enum PlanStatus {
     /// No simulated schedule both fits the budget and costs no more than the
     /// recorded iteration did; the next iteration runs online.
     NoPlan,
+    /// The recording is being planned on a background thread
+    /// ([`crate::DtrConfig::plan_background`]); the next iteration runs online.
+    Planning,
 }
 
 impl PlanStatus {
     /// A short name for reports (`off`, `not-recorded`, `call-failed`,
-    /// `start-differs`, `kept`, `planned`, `no-plan`).
+    /// `start-differs`, `kept`, `planned`, `no-plan`, `planning`).
     pub fn name(self) -> &'static str {
         match self {
             PlanStatus::Off => "off",
@@ -160,6 +163,7 @@ impl PlanStatus {
             PlanStatus::Kept => "kept",
             PlanStatus::Planned => "planned",
             PlanStatus::NoPlan => "no-plan",
+            PlanStatus::Planning => "planning",
         }
     }
 }

@@ -112,6 +112,8 @@ fn train(
     variant: impl Fn(u64) -> (Option<usize>, Option<usize>),
 ) -> (Vec<u64>, Vec<u64>, Vec<IterationReport>, Runtime<u64>) {
     let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    // Background plans are taken at a fixed boundary, for assertions.
+    rt.wait_for_background_plans(true);
     let ws = weights(&mut rt, 8);
     let mut losses = Vec::new();
     let mut reports = Vec::new();
@@ -342,4 +344,119 @@ fn a_value_evicted_at_the_boundary_can_be_dropped_in_a_planned_step() {
     for r in &reports[3..] {
         assert!(r.planned && r.divergences == 0, "{r:?}");
     }
+}
+
+#[test]
+fn background_planning_follows_the_plan_one_iteration_later() {
+    use remat_dtr::PlanStatus;
+    let (ref_losses, ref_weights, _, _) = train(DtrConfig::default(), 7, |_| (None, None));
+    let budget = unbounded_peak() * 6 / 10;
+    let sync = DtrConfig::default().with_budget(budget);
+    let (_, _, sync_reports, _) = train(sync.clone(), 7, |_| (None, None));
+    let (losses, finals, reports, _) = train(sync.with_plan_background(true), 7, |_| (None, None));
+    assert_eq!(losses, ref_losses);
+    assert_eq!(finals, ref_weights);
+    let status: Vec<PlanStatus> = reports.iter().map(|r| r.planning).collect();
+    // Boundary 0: the weights' state differs. Boundary 1: iteration 1's
+    // recording goes to a thread and iteration 2 runs online. Boundary 2: the
+    // same program ended again: its plan is taken, and iteration 3 follows it.
+    assert_eq!(status[0], PlanStatus::StartDiffers, "{reports:?}");
+    assert_eq!(status[1], PlanStatus::Planning, "{reports:?}");
+    assert!(!reports[2].planned, "{:?}", reports[2]);
+    assert_eq!(status[2], PlanStatus::Planned, "{reports:?}");
+    for (r, s) in reports[3..].iter().zip(&sync_reports[3..]) {
+        assert!(r.planned && r.divergences == 0, "{r:?}");
+        assert_eq!(status_name(r), "kept");
+        // The plan is the one the boundary would have made synchronously
+        // from the same recording.
+        assert_eq!(r.evictions, s.evictions, "{r:?} vs {s:?}");
+        assert_eq!(r.remat_ns, s.remat_ns, "{r:?} vs {s:?}");
+    }
+}
+
+#[test]
+fn background_planning_drops_the_plan_of_a_program_that_changed() {
+    use remat_dtr::PlanStatus;
+    // Iteration 2 leaves a layer out while iteration 1's recording is planned.
+    let variant = |it: u64| {
+        if it == 2 {
+            (None, Some(3))
+        } else {
+            (None, None)
+        }
+    };
+    let (ref_losses, ref_weights, _, _) = train(DtrConfig::default(), 7, variant);
+    let budget = unbounded_peak() * 6 / 10;
+    let config = DtrConfig::default()
+        .with_budget(budget)
+        .with_plan_background(true);
+    let (losses, finals, reports, _) = train(config, 7, variant);
+    assert_eq!(losses, ref_losses);
+    assert_eq!(finals, ref_weights);
+    let status: Vec<PlanStatus> = reports.iter().map(|r| r.planning).collect();
+    // Boundary 2: iteration 2 is another program; iteration 1's plan is
+    // dropped and iteration 2's is made. Boundary 3: iteration 3 is not
+    // iteration 2's program: dropped, planned anew. Boundary 4: iteration 4
+    // still differs from iteration 3 (iteration 3 started from the state
+    // iteration 2 left, whose canonical names differ, as the synchronous
+    // planner also sees: see the test above). Boundary 5 takes iteration 4's
+    // plan, iteration 6 follows it.
+    assert_eq!(
+        status,
+        [
+            PlanStatus::StartDiffers,
+            PlanStatus::Planning,
+            PlanStatus::Planning,
+            PlanStatus::Planning,
+            PlanStatus::Planning,
+            PlanStatus::Planned,
+            PlanStatus::Kept,
+        ],
+        "{reports:?}"
+    );
+    assert!(reports[..6].iter().all(|r| !r.planned), "{reports:?}");
+    assert!(
+        reports[6].planned && reports[6].divergences == 0,
+        "{:?}",
+        reports[6]
+    );
+}
+
+fn status_name(r: &IterationReport) -> &'static str {
+    r.planning.name()
+}
+
+#[test]
+fn background_planning_without_waiting_stays_identical_and_ends_planned() {
+    // Boundaries do not wait: the plan is taken at the first boundary after
+    // its thread finished, whenever that is; values never depend on it.
+    let budget = unbounded_peak() * 6 / 10;
+    let config = DtrConfig::default()
+        .with_budget(budget)
+        .with_plan_background(true);
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let ws = weights(&mut rt, 8);
+    let mut reports: Vec<IterationReport> = Vec::new();
+    let mut losses = Vec::new();
+    // Until an iteration runs planned (at most 200 iterations, ~4 s of
+    // sleeps: this checks that a finished plan is taken, not its speed).
+    for it in 0..200 {
+        losses.push(step(&mut rt, &ws, it, 12 * MIB, None, None).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        reports.push(rt.end_iteration().unwrap());
+        rt.check_invariants().unwrap();
+        if reports[it as usize].planned {
+            break;
+        }
+    }
+    let n = reports.len() as u64;
+    let finals: Vec<u64> = ws.iter().map(|&w| *rt.access(w).unwrap()).collect();
+    let (ref_losses, ref_weights, _, _) = train(DtrConfig::default(), n, |_| (None, None));
+    assert_eq!(losses, ref_losses);
+    assert_eq!(finals, ref_weights);
+    assert!(
+        reports[n as usize - 1].planned,
+        "never planned: {reports:?}"
+    );
+    assert!(reports.iter().all(|r| r.divergences == 0), "{reports:?}");
 }

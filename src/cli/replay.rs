@@ -245,10 +245,16 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                     } else {
                         ", online".to_string()
                     },
-                    it.next_plan.as_ref().map_or(String::new(), |p| format!(
-                        "; next: plan {} (simulated {:.4}, {:.0} ms)",
-                        p.policy, p.overhead, p.plan_ms
-                    )),
+                    match (&it.next_plan, it.planning) {
+                        (Some(p), _) => format!(
+                            "; next: plan {} (simulated {:.4}, {:.0} ms)",
+                            p.policy, p.overhead, p.plan_ms
+                        ),
+                        (None, Some(remat_dtr::PlanStatus::Planning)) => {
+                            "; next: online, planning this one in the background".to_string()
+                        }
+                        (None, _) => String::new(),
+                    },
                 );
             }
         }

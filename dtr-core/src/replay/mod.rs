@@ -300,6 +300,9 @@ fn drive(
 ) -> Result<ReplayReport, ReplayError> {
     let started = Instant::now();
     rt.record_decision_times(true);
+    // Replays are deterministic: a background plan is taken at the first
+    // boundary after it was started, however long it takes.
+    rt.wait_for_background_plans(true);
     let bounded = opts.config.budget.is_some();
     let mut names: AHashMap<&str, TensorId> = AHashMap::new();
     let mut constants: AHashSet<&str> = AHashSet::new();

@@ -51,6 +51,12 @@ const MAX_EVENTS: usize = 1 << 23;
 /// treelstm's small-pool requests).
 const FRAGMENTED_SHARE: f64 = 0.2;
 
+/// A plan being made on a background thread from `recording`.
+pub(crate) struct PendingPlan {
+    recording: Arc<Recording>,
+    job: std::thread::JoinHandle<Result<Option<IterationPlan>>>,
+}
+
 /// The iteration counters and the recorder/executor state of a runtime.
 #[derive(Default)]
 pub(crate) struct IterationState {
@@ -96,6 +102,12 @@ pub(crate) struct IterationState {
     pub divergences: u32,
     /// Peak allocated and reserved bytes of memory models replaced so far.
     pub retired_peaks: (u64, u64),
+    /// A recording being planned on a background thread
+    /// ([`crate::DtrConfig::plan_background`]).
+    pub pending: Option<PendingPlan>,
+    /// Boundaries wait for a pending plan of the same program
+    /// ([`Runtime::wait_for_background_plans`]).
+    pub wait_for_plans: bool,
     /// An allocation failed with a large share of the budget free but in
     /// pieces (see [`Runtime::note_fragmentation`]).
     pub fragmented: bool,
@@ -179,6 +191,59 @@ impl<V> Runtime<V> {
         crate::planner::min_feasible_budget(rec, &self.config, max_overhead)?.ok_or_else(|| {
             Error::Internal("the recorded iteration does not replay under any budget".into())
         })
+    }
+
+    /// With [`DtrConfig::plan_background`](crate::DtrConfig::plan_background):
+    /// whether a boundary waits for a background plan of the program that just
+    /// ran again (`true`: the plan is taken at the first boundary after it was
+    /// started, deterministically, as the replayer does) or takes it only once
+    /// its thread has finished (`false`, the default: no boundary waits, and
+    /// iterations run online until the plan is ready).
+    pub fn wait_for_background_plans(&mut self, on: bool) {
+        self.iter.wait_for_plans = on;
+    }
+
+    /// Background planning at a boundary where the iteration that ended
+    /// (recorded as `rec`, costing `measured_ns`) starts the next one from its
+    /// own starting state. A plan pending from an earlier iteration of the same
+    /// program is taken once its thread has finished (or waited for, see
+    /// [`Runtime::wait_for_background_plans`]); until then the next iteration
+    /// runs online ([`PlanStatus::Planning`]). Without one, `rec` is sent to a
+    /// new planning thread. A pending plan of another program is dropped (its
+    /// thread ends on its own).
+    fn plan_in_background(
+        &mut self,
+        rec: Arc<Recording>,
+        measured_ns: f64,
+    ) -> Result<(Option<IterationPlan>, PlanStatus)> {
+        if let Some(p) = self.iter.pending.take() {
+            if p.recording.same_program(&rec) {
+                if !p.job.is_finished() && !self.iter.wait_for_plans {
+                    self.iter.pending = Some(p);
+                    return Ok((None, PlanStatus::Planning));
+                }
+                let plan = p.job.join().map_err(|_| {
+                    Error::Internal("the background planning thread panicked".into())
+                })??;
+                let status = if plan.is_some() {
+                    PlanStatus::Planned
+                } else {
+                    PlanStatus::NoPlan
+                };
+                return Ok((plan, status));
+            }
+        }
+        let config = self.config.clone();
+        let job_rec = rec.clone();
+        let job = std::thread::Builder::new()
+            .name("remat-plan".into())
+            .spawn(move || crate::planner::plan_iteration(&job_rec, &config, measured_ns))
+            .map_err(|e| Error::Internal(format!("cannot start a planning thread: {e}")))?;
+        self.iter.pending = Some(PendingPlan {
+            recording: rec,
+            job,
+        });
+        Ok((None, PlanStatus::Planning))
     }
 
     fn tracking(&self) -> bool {
@@ -469,6 +534,12 @@ impl<V> Runtime<V> {
                 Some(p) if followed_whole && p.recording.start == boundary => {
                     next = Some(p);
                     PlanStatus::Kept
+                }
+                _ if self.config.plan_background => {
+                    let measured = report.compute_ns + report.remat_ns;
+                    let (plan, status) = self.plan_in_background(rec, measured)?;
+                    next = plan.map(Arc::new);
+                    status
                 }
                 _ => {
                     let measured = report.compute_ns + report.remat_ns;
