@@ -20,10 +20,13 @@
 
 #[path = "common/cases.rs"]
 mod cases;
+#[path = "common/probe_env.rs"]
+mod probe_env;
 
 use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use cases::*;
+use probe_env::env;
 use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions, Error};
 use remat_dtr::{BudgetMode, DtrConfig, ImpossibleCause, PolicyKind};
 
@@ -100,15 +103,6 @@ fn ctc_loss_grad_at_4_kib_replays_in_proportion_to_its_ops() {
     let s = device.stats();
     assert!(s.runtime.evictions > 0, "the budget binds: {s:?}");
     assert!(s.runtime.rematerializations <= s.ops, "{s:?}");
-}
-
-fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
-    match std::env::var(key) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{key}={v} does not parse")),
-        Err(_) => default,
-    }
 }
 
 #[test]

@@ -19,11 +19,14 @@
 
 #[path = "common/model.rs"]
 mod model;
+#[path = "common/probe_env.rs"]
+mod probe_env;
 
 use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
 use model::{adam, param_bits, train, Dims, TinyNet};
+use probe_env::env;
 use remat_burn::{CostModel, Dtr, DtrDevice, DtrOptions, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
 
@@ -55,15 +58,6 @@ fn losses(d: &Dims, device: &DtrDevice<NdArray>) -> Option<Vec<u32>> {
         train(model, d, 3, grads, device, Sealing::new(adam(), device)).losses
     }))
     .ok()
-}
-
-fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
-    match std::env::var(key) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{key}={v} does not parse")),
-        Err(_) => default,
-    }
 }
 
 #[test]
