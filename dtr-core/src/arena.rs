@@ -9,8 +9,24 @@
 //!
 //! Sizes are rounded up to [`ARENA_ALIGN`] (PyTorch's minimum block size), so a
 //! plan made from rounded sizes places exactly what the arena will hold.
+//!
+//! **Following a plan without a search tree.** An arena made with
+//! [`ArenaMemory::with_layout`] starts in *planned mode*: while its allocations
+//! arrive exactly as the plan lists them (allocation `k` of the arena is the
+//! plan's allocation `k`, same offset, same size), it keeps no address-ordered
+//! map, only a live flag per planned allocation. A planned range is then free
+//! exactly when every allocation of the plan that last covered some byte of it
+//! (its *predecessors*, precomputed by [`ArenaLayout::new`]) has been freed:
+//! if a live block `j` overlapped the range at byte `a`, the plan's last
+//! allocation `j*` over `a` before this one is either `j` (checked) or a later
+//! one that was placed while `j` was live over `a`, which its own check would
+//! have refused. Anything else (an allocation off the plan, best fit,
+//! compaction, a free the flags do not know) first rebuilds the map from the
+//! flags and leaves planned mode for good, so every answer stays exact.
+//! A range never holds two live blocks in either mode.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::memory::{AllocFailure, BlockView, MemoryModel, MemoryUsage, Slot};
 
@@ -22,12 +38,102 @@ pub fn arena_size(bytes: u64) -> u64 {
     bytes.div_ceil(ARENA_ALIGN) * ARENA_ALIGN
 }
 
+/// The planned allocations of an arena, in order, with the predecessors of
+/// each (see the module doc): what lets an arena check a planned range in O(1)
+/// amortized per allocation, without an address-ordered map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArenaLayout {
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+    /// `preds[pred_start[k]..pred_start[k + 1]]`: the earlier allocations that
+    /// last covered some byte of allocation `k` (distinct, none of size 0).
+    pred_start: Vec<u32>,
+    preds: Vec<u32>,
+}
+
+impl ArenaLayout {
+    /// The layout of planned allocations at `offsets` with rounded `sizes`
+    /// (the same length), in the order they will be made. O(n log n): each
+    /// allocation repaints the bytes it covers in a map of owner segments,
+    /// and each segment is removed at most once after it is made.
+    pub fn new(offsets: &[u64], sizes: &[u64]) -> Self {
+        let n = offsets.len().min(sizes.len());
+        // Disjoint segments: start → (end, the last allocation over them).
+        let mut owners: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+        let mut pred_start = Vec::with_capacity(n + 1);
+        let mut preds: Vec<u32> = Vec::new();
+        let mut touched: Vec<(u64, u64, u32)> = Vec::new();
+        for k in 0..n {
+            pred_start.push(preds.len() as u32);
+            let (start, size) = (offsets[k], sizes[k]);
+            if size == 0 {
+                continue;
+            }
+            let end = start.saturating_add(size);
+            touched.clear();
+            if let Some((&p, &(e, w))) = owners.range(..start).next_back() {
+                if e > start {
+                    touched.push((p, e, w));
+                }
+            }
+            touched.extend(owners.range(start..end).map(|(&p, &(e, w))| (p, e, w)));
+            let first = pred_start[k] as usize;
+            for &(p, e, w) in &touched {
+                owners.remove(&p);
+                if !preds[first..].contains(&w) {
+                    preds.push(w);
+                }
+                if p < start {
+                    owners.insert(p, (start, w));
+                }
+                if e > end {
+                    owners.insert(end, (e, w));
+                }
+            }
+            owners.insert(start, (end, k as u32));
+        }
+        pred_start.push(preds.len() as u32);
+        Self {
+            offsets: offsets[..n].to_vec(),
+            sizes: sizes[..n].to_vec(),
+            pred_start,
+            preds,
+        }
+    }
+
+    /// Planned allocations.
+    pub fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Whether the layout plans no allocation.
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    fn preds(&self, k: usize) -> &[u32] {
+        &self.preds[self.pred_start[k] as usize..self.pred_start[k + 1] as usize]
+    }
+}
+
+/// Planned mode: the layout, the next planned allocation and a live flag per
+/// planned allocation (see the module doc).
+#[derive(Debug, Clone)]
+struct Planned {
+    layout: Arc<ArenaLayout>,
+    next: usize,
+    live: Vec<bool>,
+}
+
 /// A flat arena of `capacity` bytes (the budget) with address-ordered blocks.
 #[derive(Debug, Clone)]
 pub struct ArenaMemory {
     capacity: u64,
-    /// Allocated blocks: offset → rounded size. Never overlapping.
+    /// Allocated blocks: offset → rounded size. Never overlapping. Empty and
+    /// unused in planned mode (the live flags of `planned` stand for it).
     blocks: BTreeMap<u64, u64>,
+    /// `Some` in planned mode.
+    planned: Option<Planned>,
     allocated: u64,
     peak_allocated: u64,
     /// The highest end of a block so far, or the planned arena if larger: what
@@ -46,7 +152,113 @@ impl ArenaMemory {
             peak_allocated: 0,
             reserved: planned.min(capacity),
             next_key: 0,
+            planned: None,
         }
+    }
+
+    /// An empty arena of `capacity` bytes that expects the allocations of
+    /// `layout`, in order, and checks them without an address-ordered map
+    /// while they come as planned (see the module doc).
+    pub fn with_layout(capacity: u64, planned: u64, layout: Arc<ArenaLayout>) -> Self {
+        let live = vec![false; layout.len()];
+        Self {
+            // Keys of allocations off the plan come after the plan's indices,
+            // so no two live slots share a key.
+            next_key: layout.len() as u64,
+            planned: Some(Planned {
+                layout,
+                next: 0,
+                live,
+            }),
+            ..Self::new(capacity, planned)
+        }
+    }
+
+    /// Whether the arena is still in planned mode (no address-ordered map).
+    pub fn is_following_layout(&self) -> bool {
+        self.planned.is_some()
+    }
+
+    /// Leave planned mode: rebuild the address-ordered map from the live flags.
+    fn materialize(&mut self) {
+        if let Some(p) = self.planned.take() {
+            let l = &p.layout;
+            self.blocks = (0..p.live.len())
+                .filter(|&k| p.live[k] && l.sizes[k] > 0)
+                .map(|k| (l.offsets[k], l.sizes[k]))
+                .collect();
+        }
+    }
+
+    /// Live blocks `(ptr, size)` in address order, in either mode.
+    fn live_blocks(&self) -> Vec<(u64, u64)> {
+        match &self.planned {
+            None => self.blocks.iter().map(|(&p, &s)| (p, s)).collect(),
+            Some(p) => {
+                let l = &p.layout;
+                let mut v: Vec<(u64, u64)> = (0..p.live.len())
+                    .filter(|&k| p.live[k] && l.sizes[k] > 0)
+                    .map(|k| (l.offsets[k], l.sizes[k]))
+                    .collect();
+                v.sort_unstable();
+                v
+            }
+        }
+    }
+
+    /// Check the arena's own invariants: live blocks inside the capacity,
+    /// never overlapping, adding up to the allocated bytes.
+    pub fn check_blocks(&self) -> Result<(), String> {
+        let mut end = 0u64;
+        let mut sum = 0u64;
+        for (p, s) in self.live_blocks() {
+            if p < end {
+                return Err(format!(
+                    "arena: block at {p:#x} overlaps one ending at {end:#x}"
+                ));
+            }
+            end = p + s;
+            sum += s;
+        }
+        if end > self.capacity {
+            return Err(format!(
+                "arena: a block ends at {end:#x}, past {:#x}",
+                self.capacity
+            ));
+        }
+        if sum != self.allocated {
+            return Err(format!(
+                "arena: blocks hold {sum} B, allocated {}",
+                self.allocated
+            ));
+        }
+        Ok(())
+    }
+
+    /// In planned mode, place `size` bytes at `ptr` when they are the next
+    /// planned allocation: `Some(true)` placed, `Some(false)` the range is not
+    /// free (exact), `None` not the next planned allocation (the caller leaves
+    /// planned mode and checks the map).
+    fn place_planned(&mut self, ptr: u64, size: u64, requested: u64) -> Option<Result<Slot, ()>> {
+        let capacity = self.capacity;
+        let p = self.planned.as_mut()?;
+        let k = p.next;
+        let l = &p.layout;
+        if l.offsets.get(k) != Some(&ptr) || l.sizes.get(k) != Some(&size) {
+            return None;
+        }
+        if size > 0 {
+            if ptr.checked_add(size).is_none_or(|end| end > capacity)
+                || l.preds(k).iter().any(|&j| p.live[j as usize])
+            {
+                return Some(Err(()));
+            }
+            p.live[k] = true;
+        }
+        p.next += 1;
+        let mut slot = self.place_untracked(ptr, size, requested);
+        slot.key = k as u64;
+        Some(Ok(slot))
     }
 
     fn range_is_free(&self, ptr: u64, size: u64) -> bool {
@@ -61,9 +273,15 @@ impl ArenaMemory {
     }
 
     fn place(&mut self, ptr: u64, size: u64, requested: u64) -> Slot {
+        debug_assert!(self.planned.is_none());
         if size > 0 {
             self.blocks.insert(ptr, size);
         }
+        self.place_untracked(ptr, size, requested)
+    }
+
+    /// The accounting of a placement, without the map.
+    fn place_untracked(&mut self, ptr: u64, size: u64, requested: u64) -> Slot {
         self.allocated += size;
         self.peak_allocated = self.peak_allocated.max(self.allocated);
         self.reserved = self.reserved.max(ptr + size);
@@ -80,6 +298,7 @@ impl ArenaMemory {
     /// the lowest address it can take, in address order, around the blocks that
     /// stay. Returns `(old, new)` for each block that moved.
     pub fn compact(&mut self, movable: &dyn Fn(u64) -> bool) -> Vec<(u64, u64)> {
+        self.materialize();
         let blocks: Vec<(u64, u64)> = self.blocks.iter().map(|(&p, &s)| (p, s)).collect();
         let fixed: Vec<(u64, u64)> = blocks
             .iter()
@@ -142,6 +361,7 @@ impl MemoryModel for ArenaMemory {
     }
 
     fn allocate(&mut self, bytes: u64) -> Result<Slot, AllocFailure> {
+        self.materialize();
         let size = arena_size(bytes);
         if size == 0 {
             return Ok(self.place(0, 0, bytes));
@@ -161,6 +381,15 @@ impl MemoryModel for ArenaMemory {
 
     fn allocate_at(&mut self, bytes: u64, offset: u64) -> Result<Slot, AllocFailure> {
         let size = arena_size(bytes);
+        match self.place_planned(offset, size, bytes) {
+            Some(Ok(slot)) => return Ok(slot),
+            Some(Err(())) => {
+                return Err(AllocFailure::NoRoom {
+                    free_bytes: self.capacity - self.allocated,
+                })
+            }
+            None => self.materialize(),
+        }
         if size == 0 {
             return Ok(self.place(0, 0, bytes));
         }
@@ -175,6 +404,16 @@ impl MemoryModel for ArenaMemory {
     fn free(&mut self, slot: Slot) -> Result<(), String> {
         if slot.size == 0 {
             return Ok(());
+        }
+        if let Some(p) = self.planned.as_mut() {
+            let k = slot.key as usize;
+            let l = &p.layout;
+            if p.live.get(k) == Some(&true) && l.offsets[k] == slot.ptr && l.sizes[k] == slot.size {
+                p.live[k] = false;
+                self.allocated -= slot.size;
+                return Ok(());
+            }
+            self.materialize();
         }
         match self.blocks.remove(&slot.ptr) {
             Some(size) if size == slot.size => {
@@ -195,6 +434,27 @@ impl MemoryModel for ArenaMemory {
     fn adjacent_free(&self, slot: &Slot) -> (u64, u64) {
         if slot.size == 0 {
             return (0, 0);
+        }
+        if self.planned.is_some() {
+            // Rare in planned mode (online decisions come after a divergence,
+            // which leaves it): a scan of the live blocks.
+            let blocks = self.live_blocks();
+            let left_end = blocks
+                .iter()
+                .filter(|&&(p, _)| p < slot.ptr)
+                .map(|&(p, s)| p + s)
+                .max()
+                .unwrap_or(0);
+            let right = blocks
+                .iter()
+                .map(|&(p, _)| p)
+                .filter(|&p| p > slot.ptr)
+                .min()
+                .unwrap_or(self.capacity);
+            return (
+                slot.ptr.saturating_sub(left_end),
+                right.saturating_sub(slot.ptr + slot.size),
+            );
         }
         let left_end = self
             .blocks
@@ -229,7 +489,7 @@ impl MemoryModel for ArenaMemory {
                 });
             }
         };
-        for (&p, &s) in &self.blocks {
+        let mut push_block = |out: &mut Vec<BlockView>, p: u64, s: u64| {
             push_gap(out, cursor, p);
             out.push(BlockView {
                 ptr: p,
@@ -239,6 +499,15 @@ impl MemoryModel for ArenaMemory {
                 small: false,
             });
             cursor = p + s;
+        };
+        if self.planned.is_some() {
+            for (p, s) in self.live_blocks() {
+                push_block(out, p, s);
+            }
+        } else {
+            for (&p, &s) in &self.blocks {
+                push_block(out, p, s);
+            }
         }
         push_gap(out, cursor, self.capacity);
     }
@@ -263,6 +532,10 @@ impl MemoryModel for ArenaMemory {
 
     fn compact(&mut self, movable: &dyn Fn(u64) -> bool) -> Option<Vec<(u64, u64)>> {
         Some(ArenaMemory::compact(self, movable))
+    }
+
+    fn check_blocks(&self) -> Result<(), String> {
+        ArenaMemory::check_blocks(self)
     }
 
     fn shape(&self, bytes: u64) -> crate::memory::RequestShape {
@@ -340,7 +613,124 @@ mod tests {
         assert!(a.allocate_at(512, 512).is_ok());
     }
 
+    #[test]
+    fn layout_predecessors_are_the_last_owners_of_each_byte() {
+        // 0: [0, 1024); 1: [1024, 2048); 2: [512, 1536) over both;
+        // 3: [0, 512) last covered by 0; 4: [0, 2048) over 3, 2 and 1.
+        let offsets = [0, 1024, 512, 0, 0, 4096];
+        let sizes = [1024, 1024, 1024, 512, 2048, 0];
+        let l = ArenaLayout::new(&offsets, &sizes);
+        assert_eq!(l.preds(0), &[] as &[u32]);
+        assert_eq!(l.preds(1), &[] as &[u32]);
+        assert_eq!(l.preds(2), &[0, 1]);
+        assert_eq!(l.preds(3), &[0]);
+        let mut p4 = l.preds(4).to_vec();
+        p4.sort_unstable();
+        assert_eq!(p4, vec![1, 2, 3]);
+        assert_eq!(l.preds(5), &[] as &[u32]);
+    }
+
+    #[test]
+    fn planned_mode_checks_predecessors_and_leaves_on_anything_else() {
+        let offsets = [0, 1024, 512, 0];
+        let sizes = [1024, 1024, 1024, 512];
+        let layout = Arc::new(ArenaLayout::new(&offsets, &sizes));
+        let mut a = ArenaMemory::with_layout(4096, 2048, layout.clone());
+        let x = a.allocate_at(1000, 0).unwrap();
+        let y = a.allocate_at(1024, 1024).unwrap();
+        assert!(a.is_following_layout());
+        // 2 overlaps x and y, both live: refused, still planned.
+        assert!(a.allocate_at(1024, 512).is_err());
+        a.free(x).unwrap();
+        assert!(a.allocate_at(1024, 512).is_err());
+        a.free(y).unwrap();
+        let z = a.allocate_at(1024, 512).unwrap();
+        assert!(a.is_following_layout());
+        assert_eq!(a.usage().allocated, 1024);
+        a.check_blocks().unwrap();
+        let mut v = Vec::new();
+        a.blocks(&mut v);
+        assert_eq!(
+            v.iter()
+                .filter(|b| b.allocated)
+                .map(|b| (b.ptr, b.size))
+                .collect::<Vec<_>>(),
+            vec![(512, 1024)]
+        );
+        assert_eq!(a.adjacent_free(&z), (512, 4096 - 1536));
+        // 3 is [0, 512): its predecessor 0 is free, so it is placed.
+        let w = a.allocate_at(512, 0).unwrap();
+        assert!(a.is_following_layout());
+        // Past the layout: the map is rebuilt from the flags, the check is exact.
+        assert!(a.allocate_at(512, 1024).is_err());
+        assert!(!a.is_following_layout());
+        assert!(a.allocate_at(512, 1536).is_ok());
+        a.check_blocks().unwrap();
+        a.free(w).unwrap();
+        a.free(z).unwrap();
+        assert_eq!(a.usage().allocated, 512);
+        // An allocation off the plan leaves planned mode at once.
+        let mut b = ArenaMemory::with_layout(4096, 2048, layout);
+        b.allocate_at(1024, 0).unwrap();
+        let off = b.allocate_at(512, 2048).unwrap();
+        assert!(!b.is_following_layout());
+        assert!(b.allocate_at(512, 512).is_err());
+        b.free(off).unwrap();
+        b.check_blocks().unwrap();
+    }
+
     proptest::proptest! {
+        /// In planned mode, `allocate_at` and `free` agree with a list of live
+        /// blocks exactly as the map does: a planned range is taken exactly when
+        /// it is inside the arena and overlaps no live block, whether the
+        /// allocations follow the layout or leave it part way (`detour`).
+        #[test]
+        fn planned_ranges_never_overlap_a_live_block(
+            plan in proptest::collection::vec((0u64..48, 0u64..6), 1..120),
+            frees in proptest::collection::vec(proptest::bool::ANY, 120),
+            pick in proptest::collection::vec(0usize..1000, 120),
+            detour in proptest::option::of(0usize..120),
+        ) {
+            let cap = 40 * ARENA_ALIGN;
+            let offsets: Vec<u64> = plan.iter().map(|&(at, _)| at * ARENA_ALIGN).collect();
+            let sizes: Vec<u64> = plan.iter().map(|&(_, len)| len * ARENA_ALIGN).collect();
+            let layout = Arc::new(ArenaLayout::new(&offsets, &sizes));
+            let mut a = ArenaMemory::with_layout(cap, 0, layout);
+            let mut live: Vec<Slot> = Vec::new();
+            for k in 0..plan.len() {
+                if frees[k] && !live.is_empty() {
+                    let slot = live.remove(pick[k] % live.len());
+                    a.free(slot).unwrap();
+                }
+                let (ptr, size) = if detour == Some(k) {
+                    (offsets[k] ^ ARENA_ALIGN, sizes[k])
+                } else {
+                    (offsets[k], sizes[k])
+                };
+                let fits = size == 0
+                    || (ptr + size <= cap
+                        && live.iter().all(|b| b.ptr + b.size <= ptr || ptr + size <= b.ptr));
+                match a.allocate_at(size, ptr) {
+                    Ok(slot) => {
+                        proptest::prop_assert!(fits, "{ptr}+{size} overlaps {live:?}");
+                        if slot.size > 0 {
+                            live.push(slot);
+                        }
+                    }
+                    Err(_) => {
+                        proptest::prop_assert!(!fits, "{ptr}+{size} refused, free");
+                        // The runtime leaves the plan at a refusal; the arena
+                        // goes on with the next allocation, checked exactly.
+                    }
+                }
+                proptest::prop_assert!(a.check_blocks().is_ok());
+                proptest::prop_assert_eq!(
+                    a.usage().allocated,
+                    live.iter().map(|b| b.size).sum::<u64>()
+                );
+            }
+        }
+
         /// `allocate_at` takes a range exactly when it is inside the arena and
         /// overlaps no live block (checked against a list of blocks).
         #[test]

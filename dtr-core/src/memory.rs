@@ -148,6 +148,12 @@ pub trait MemoryModel: Send {
         None
     }
 
+    /// Check the model's own invariants (live blocks never overlap, and add up
+    /// to the allocated bytes), for tests; models without addresses have none.
+    fn check_blocks(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Free bytes inside the budget (what a failed request could not use).
     fn free_bytes(&self) -> u64 {
         let u = self.usage();

@@ -491,6 +491,9 @@ impl MemoryModel for LoggedMemory {
     fn blocks(&self, out: &mut Vec<BlockView>) {
         self.inner.blocks(out)
     }
+    fn check_blocks(&self) -> std::result::Result<(), String> {
+        self.inner.check_blocks()
+    }
     fn usage(&self) -> MemoryUsage {
         self.inner.usage()
     }

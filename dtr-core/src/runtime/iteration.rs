@@ -31,7 +31,7 @@ use std::sync::Arc;
 use ahash::AHashMap;
 
 use super::Runtime;
-use crate::arena::{arena_size, ArenaMemory};
+use crate::arena::{arena_size, ArenaLayout, ArenaMemory};
 use crate::error::{Error, Result};
 use crate::execute::{Cursor, IterationPlan, PlanStep, StepKind};
 use crate::graph::NONE;
@@ -86,6 +86,10 @@ pub(crate) struct IterationState {
     pub broken: bool,
     /// The plan of this iteration.
     pub plan: Option<Arc<IterationPlan>>,
+    /// The arena layout of a plan (its allocations and their predecessors),
+    /// made once per plan and shared by the arenas of the iterations that
+    /// follow it.
+    pub layout: Option<(Arc<IterationPlan>, Arc<ArenaLayout>)>,
     /// Still following `plan` (no divergence yet).
     pub following: bool,
     /// Calls of this iteration that matched the plan's recording and were
@@ -554,8 +558,8 @@ impl<V> Runtime<V> {
             },
         };
         report.next_plan = next.as_deref().map(Into::into);
-        if let Some(plan) = &next {
-            self.adopt(plan, &residents)?;
+        if let Some(plan) = next.clone() {
+            self.adopt(&plan, &residents)?;
         }
         self.iter.following = next.is_some();
         self.iter.stable_order = next.is_some();
@@ -587,13 +591,25 @@ impl<V> Runtime<V> {
 
     /// Lay the resident storages out where `plan` puts them: in one arena of the
     /// budget's size for physical budgets (logical budgets have no addresses).
-    fn adopt(&mut self, plan: &IterationPlan, residents: &[StorageId]) -> Result<()> {
+    ///
+    /// The arena follows the plan's layout without an address-ordered map while
+    /// the iteration follows the plan (see [`crate::arena`]).
+    fn adopt(&mut self, plan: &Arc<IterationPlan>, residents: &[StorageId]) -> Result<()> {
         if !self.memory.has_addresses() {
             return Ok(());
         }
+        let layout = match &self.iter.layout {
+            Some((p, l)) if Arc::ptr_eq(p, plan) => l.clone(),
+            _ => {
+                let l = Arc::new(ArenaLayout::new(&plan.offsets, &plan.sizes));
+                self.iter.layout = Some((plan.clone(), l.clone()));
+                l
+            }
+        };
         let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
         let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
-        self.move_into_arena(ArenaMemory::new(capacity, plan.arena_bytes), placed)
+        let arena = ArenaMemory::with_layout(capacity, plan.arena_bytes, layout);
+        self.move_into_arena(arena, placed)
     }
 
     /// Move resident storages into `arena` at the given offsets (their slots in

@@ -1570,6 +1570,20 @@ impl<V> Runtime<V> {
                 return bad(format!("op {i}: live output count"));
             }
         }
+        // Blocks never overlap, whatever the model keeps them in (the arena's
+        // map or its planned live flags), nor do the resident storages' slots.
+        self.memory.check_blocks().map_err(Error::Internal)?;
+        if self.memory.has_addresses() {
+            let mut slots: Vec<(u64, u64)> = (self.graph.storages.iter())
+                .filter_map(|(_, r)| r.slot.as_ref())
+                .filter(|slot| slot.size > 0)
+                .map(|slot| (slot.ptr, slot.size))
+                .collect();
+            slots.sort_unstable();
+            if let Some(w) = slots.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
+                return bad(format!("slots {:?} and {:?} overlap", w[0], w[1]));
+            }
+        }
         Ok(())
     }
 }
