@@ -41,7 +41,8 @@ const MIB: u64 = 1 << 20;
 /// A small MLP-like step: forward through `layers` activations of `act` bytes,
 /// a loss, backward reading every activation in reverse, an in-place update of
 /// each weight. `widen`: layer whose activation is twice as large (a changed
-/// shape); `skip`: a layer left out. Returns the loss.
+/// shape); `skip`: a layer left out. Checks the runtime's invariants after each
+/// layer. Returns the loss.
 fn step(
     rt: &mut Runtime<u64>,
     weights: &[TensorId],
@@ -65,6 +66,9 @@ fn step(
             1_000 + 100 * i as u64,
         )?[0];
         acts.push(h);
+        // Mid-iteration too: the planned arena's blocks, the lazily kept
+        // address map, the resident slots.
+        rt.check_invariants()?;
     }
     let loss = rt.apply(
         op("loss", 99),
@@ -87,6 +91,7 @@ fn step(
             2_000,
         )?[0];
         rt.mutate(Arc::new(Update), &[w, nd], &[0], 300)?;
+        rt.check_invariants()?;
         rt.release(d)?;
         rt.release(acts[k])?;
         d = nd;

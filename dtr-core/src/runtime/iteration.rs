@@ -609,6 +609,8 @@ impl<V> Runtime<V> {
         let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
         let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
         let arena = ArenaMemory::with_layout(capacity, plan.arena_bytes, layout);
+        // Following the plan never reads the address map: keep it lazily.
+        self.by_ptr_stale = true;
         self.move_into_arena(arena, placed)
     }
 
@@ -629,7 +631,7 @@ impl<V> Runtime<V> {
             let slot = arena
                 .allocate_at(bytes, offset)
                 .map_err(|e| Error::Internal(format!("arena layout does not fit: {e:?}")))?;
-            if slot.size > 0 {
+            if slot.size > 0 && !self.by_ptr_stale {
                 self.by_ptr.insert(slot.ptr, s);
             }
             self.graph.st_mut(s).slot = Some(slot);
@@ -764,6 +766,7 @@ impl<V> Runtime<V> {
         if !self.can_move() {
             return Ok(false);
         }
+        self.refresh_by_ptr();
         let by_ptr = &self.by_ptr;
         let Some(moves) = self.memory.compact(&|p| by_ptr.contains_key(&p)) else {
             return Ok(false);

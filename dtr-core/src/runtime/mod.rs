@@ -61,8 +61,13 @@ pub struct Runtime<V> {
     policy: Box<dyn EvictionPolicy>,
     config: DtrConfig,
     rng: SplitMix64,
-    /// Resident storage by block address (models with addresses only).
+    /// Resident storage by block address (models with addresses only). Kept
+    /// lazily: while `by_ptr_stale` (set when an iteration starts to follow a
+    /// plan, whose allocations never ask for it) it is neither read nor kept
+    /// up to date, and the first reader rebuilds it from the resident slots
+    /// ([`Runtime::refresh_by_ptr`]).
     by_ptr: AHashMap<u64, StorageId>,
+    by_ptr_stale: bool,
     stats: RuntimeStats,
     record_decisions: bool,
     decision_ns: Vec<u32>,
@@ -138,6 +143,7 @@ impl<V> Runtime<V> {
             rng: SplitMix64::new(config.seed),
             config,
             by_ptr: AHashMap::new(),
+            by_ptr_stale: false,
             stats: RuntimeStats::default(),
             record_decisions: false,
             decision_ns: Vec::new(),
@@ -753,8 +759,8 @@ impl<V> Runtime<V> {
         if self.graph.st(s).seq != NONE {
             self.iter.seq_storages.push(s);
         }
-        if let (Some(ptr), true) = (ptr, self.memory.has_addresses()) {
-            self.by_ptr.insert(ptr, s);
+        if let Some(ptr) = ptr {
+            self.map_ptr(ptr, s);
         }
         if self.values.len() <= idx as usize {
             self.values.resize_with(idx as usize + 1, || None);
@@ -873,10 +879,43 @@ impl<V> Runtime<V> {
         }
     }
 
+    /// Note that `s` lives at `ptr` (a block of more than 0 bytes), unless the
+    /// map is stale (see [`Runtime::refresh_by_ptr`]).
+    fn map_ptr(&mut self, ptr: u64, s: StorageId) {
+        if !self.by_ptr_stale && self.memory.has_addresses() {
+            self.by_ptr.insert(ptr, s);
+        }
+    }
+
     fn unmap_ptr(&mut self, slot: &Slot) {
+        if self.by_ptr_stale {
+            return;
+        }
         if slot.size > 0 && self.by_ptr.get(&slot.ptr).is_some() {
             self.by_ptr.remove(&slot.ptr);
         }
+    }
+
+    /// Make `by_ptr` current before reading it: rebuilt if stale, it holds
+    /// every resident storage whose slot has more than 0 bytes, under models
+    /// with addresses (what the map holds when kept up to date).
+    fn refresh_by_ptr(&mut self) {
+        if self.by_ptr_stale {
+            self.by_ptr = self.derived_by_ptr();
+            self.by_ptr_stale = false;
+        }
+    }
+
+    /// `by_ptr` as the resident slots define it.
+    fn derived_by_ptr(&self) -> AHashMap<u64, StorageId> {
+        if !self.memory.has_addresses() {
+            return AHashMap::new();
+        }
+        (self.graph.storages.iter())
+            .filter_map(|(i, r)| r.slot.as_ref().map(|slot| (slot, StorageId(i))))
+            .filter(|(slot, _)| slot.size > 0)
+            .map(|(slot, s)| (slot.ptr, s))
+            .collect()
     }
 
     /// No budget and no threshold: eviction never happens on its own.
@@ -1409,6 +1448,7 @@ impl<V> Runtime<V> {
     /// Fill the pool and let the policy put its victims for `request` in
     /// `self.victims` (nothing is evicted).
     fn choose_victims(&mut self, request: Request) {
+        self.refresh_by_ptr();
         let defragmenting = self.defragmenting();
         self.fill_pool();
         self.victims.clear();
@@ -1569,6 +1609,13 @@ impl<V> Runtime<V> {
             if o.outputs.iter().flatten().count() as u32 != o.live_outputs {
                 return bad(format!("op {i}: live output count"));
             }
+        }
+        if !self.by_ptr_stale && self.by_ptr != self.derived_by_ptr() {
+            return bad(format!(
+                "by_ptr holds {} entries, the resident slots {}",
+                self.by_ptr.len(),
+                self.derived_by_ptr().len()
+            ));
         }
         // Blocks never overlap, whatever the model keeps them in (the arena's
         // map or its planned live flags), nor do the resident storages' slots.

@@ -283,10 +283,8 @@ impl<V> Runtime<V> {
             r.last_used = now;
             let bytes = r.bytes;
             self.graph.dsu_on_remat(s);
-            if self.memory.has_addresses()
-                && self.graph.st(s).slot.as_ref().is_some_and(|x| x.size > 0)
-            {
-                self.by_ptr.insert(ptr, s);
+            if self.graph.st(s).slot.as_ref().is_some_and(|x| x.size > 0) {
+                self.map_ptr(ptr, s);
             }
             self.stats.live_bytes += bytes;
             self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
