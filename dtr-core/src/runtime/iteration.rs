@@ -79,7 +79,7 @@ pub(crate) struct IterationState {
     /// [`Runtime::min_feasible_budget`].
     pub last_recording: Option<Arc<Recording>>,
     /// Names of the live tensors, while recording or following a plan.
-    pub refs: AHashMap<TensorId, Ref>,
+    pub refs: RefTable,
     /// Tensors created this iteration.
     pub new_tensors: u32,
     /// A call failed this iteration: its recording is not a program to repeat.
@@ -118,6 +118,59 @@ pub(crate) struct IterationState {
     /// Order regeneration inputs by creation, not slab index (while following
     /// a plan, and in simulations that make one).
     pub stable_order: bool,
+}
+
+/// Names of tensors by handle: a table indexed by the tensor's slab index
+/// (a hash map's behaviour for the runtime's use: at most one generation of
+/// an index is named at a time, since a tensor's name goes when the tensor
+/// does), without hashing on the planned path.
+#[derive(Debug, Default)]
+pub(crate) struct RefTable {
+    slots: Vec<Option<(u32, Ref)>>,
+    len: usize,
+}
+
+impl RefTable {
+    /// Name `t` (replacing the name of the same handle).
+    pub fn insert(&mut self, t: TensorId, r: Ref) {
+        let i = t.index as usize;
+        if self.slots.len() <= i {
+            self.slots.resize(i + 1, None);
+        }
+        if self.slots[i].is_none() {
+            self.len += 1;
+        }
+        self.slots[i] = Some((t.generation, r));
+    }
+
+    /// The name of `t`, if named (an older handle at the same index is not).
+    pub fn get(&self, t: TensorId) -> Option<Ref> {
+        match self.slots.get(t.index as usize) {
+            Some(&Some((g, r))) if g == t.generation => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Forget the name of `t` (and of nothing else).
+    pub fn remove(&mut self, t: TensorId) {
+        if let Some(slot) = self.slots.get_mut(t.index as usize) {
+            if slot.is_some_and(|(g, _)| g == t.generation) {
+                *slot = None;
+                self.len -= 1;
+            }
+        }
+    }
+
+    /// Whether no tensor is named.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forget every name.
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.len = 0;
+    }
 }
 
 impl IterationState {
@@ -257,11 +310,7 @@ impl<V> Runtime<V> {
     /// The recording's name for `t`.
     pub(super) fn ref_of(&self, t: TensorId) -> Ref {
         // Every live tensor is named while tracking; `Prefix(MAX)` never matches.
-        self.iter
-            .refs
-            .get(&t)
-            .copied()
-            .unwrap_or(Ref::Prefix(u32::MAX))
+        self.iter.refs.get(t).unwrap_or(Ref::Prefix(u32::MAX))
     }
 
     /// A public call starts: record it and check it against the plan. `reads`
@@ -319,7 +368,7 @@ impl<V> Runtime<V> {
 
     pub(super) fn on_tensor_gone(&mut self, t: TensorId) {
         if !self.iter.refs.is_empty() {
-            self.iter.refs.remove(&t);
+            self.iter.refs.remove(t);
         }
     }
 
@@ -828,5 +877,39 @@ impl<V> Runtime<V> {
     /// Iterations ended so far.
     pub fn iteration(&self) -> u32 {
         self.iter.epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_table_names_handles_like_a_map() {
+        let t = |index, generation| TensorId { index, generation };
+        let mut refs = RefTable::default();
+        assert!(refs.is_empty());
+        refs.insert(t(3, 0), Ref::New(0));
+        refs.insert(t(0, 1), Ref::Prefix(2));
+        assert_eq!(refs.get(t(3, 0)), Some(Ref::New(0)));
+        assert_eq!(refs.get(t(0, 1)), Some(Ref::Prefix(2)));
+        // Another generation at a named index is not named, and removing it
+        // leaves the name of the handle that is.
+        assert_eq!(refs.get(t(3, 1)), None);
+        refs.remove(t(3, 1));
+        assert_eq!(refs.get(t(3, 0)), Some(Ref::New(0)));
+        assert_eq!(refs.get(t(9, 0)), None);
+        refs.insert(t(3, 0), Ref::New(5));
+        assert_eq!(refs.get(t(3, 0)), Some(Ref::New(5)));
+        refs.remove(t(3, 0));
+        refs.remove(t(3, 0));
+        assert_eq!(refs.get(t(3, 0)), None);
+        assert!(!refs.is_empty());
+        refs.remove(t(0, 1));
+        assert!(refs.is_empty());
+        refs.insert(t(1, 0), Ref::New(1));
+        refs.clear();
+        assert!(refs.is_empty());
+        assert_eq!(refs.get(t(1, 0)), None);
     }
 }
