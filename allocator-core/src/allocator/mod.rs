@@ -197,7 +197,7 @@ impl<D: Device> CachingAllocator<D> {
             // The hot path, written out: `malloc_cached` without the moves.
             let req = st.request(size, stream);
             if let Some(b) = st.get_free_block(&req) {
-                return Ok(self.found(&mut st, b, &req));
+                return Ok(self.found_inline(&mut st, b, &req));
             }
             let dev = lock(&self.device);
             return self.malloc_miss(Guards { st, dev }, &req);
@@ -302,8 +302,17 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// Books the cached block `b` for `req` and makes its handle.
     #[inline]
     fn found(&self, st: &mut State, b: Found, req: &Request) -> Allocation {
+        self.found_inline(st, b, req)
+    }
+
+    /// [`Self::found`], always inlined: only the locked `malloc`'s hit calls it
+    /// (the batch's `malloc` inlines `found` on its own; forcing that on every
+    /// caller made the batch and the split loops slower).
+    #[inline(always)]
+    fn found_inline(&self, st: &mut State, b: Found, req: &Request) -> Allocation {
         let split = st.should_split(b.id, req.size);
         let (block, serial) = st.alloc_found_block(b, req, split);
         let blk = &st.blocks[block];
