@@ -371,7 +371,7 @@ fn background_planning_follows_the_plan_one_iteration_later() {
     assert_eq!(status[2], PlanStatus::Planned, "{reports:?}");
     for (r, s) in reports[3..].iter().zip(&sync_reports[3..]) {
         assert!(r.planned && r.divergences == 0, "{r:?}");
-        assert_eq!(status_name(r), "kept");
+        assert_eq!(r.planning.name(), "kept");
         // The plan is the one the boundary would have made synchronously
         // from the same recording.
         assert_eq!(r.evictions, s.evictions, "{r:?} vs {s:?}");
@@ -425,10 +425,6 @@ fn background_planning_drops_the_plan_of_a_program_that_changed() {
         "{:?}",
         reports[6]
     );
-}
-
-fn status_name(r: &IterationReport) -> &'static str {
-    r.planning.name()
 }
 
 #[test]

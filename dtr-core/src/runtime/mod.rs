@@ -692,23 +692,34 @@ impl<V> Runtime<V> {
                 self.compute_retrying(op, inputs, hint)
             }
         };
-        let values = match values {
-            Ok(v) if v.len() == fresh.len() => v,
+        self.outputs_or_free(op.name(), values, fresh.len(), slots)
+    }
+
+    /// The `result` of op `name`, which must give `expected` values for
+    /// `slots`: the slots and the values, or the error (a wrong count is
+    /// [`Error::OutputCount`]) with the slots freed.
+    fn outputs_or_free(
+        &mut self,
+        name: &str,
+        result: Result<Vec<V>>,
+        expected: usize,
+        slots: Vec<Slot>,
+    ) -> Result<(Vec<Slot>, Vec<V>)> {
+        match result {
+            Ok(v) if v.len() == expected => Ok((slots, v)),
             Ok(v) => {
-                let got = v.len();
                 self.free_slots(slots);
-                return Err(Error::OutputCount {
-                    op: op.name().to_string(),
-                    got,
-                    expected: fresh.len(),
-                });
+                Err(Error::OutputCount {
+                    op: name.to_string(),
+                    got: v.len(),
+                    expected,
+                })
             }
             Err(e) => {
                 self.free_slots(slots);
-                return Err(e);
+                Err(e)
             }
-        };
-        Ok((slots, values))
+        }
     }
 
     fn free_slots(&mut self, slots: Vec<Slot>) {

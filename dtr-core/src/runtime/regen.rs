@@ -252,22 +252,8 @@ impl<V> Runtime<V> {
         // candidates, so a device-OOM eviction cannot touch them.
         let hint = missing.iter().map(|&(_, s)| self.graph.st(s).bytes).sum();
         let result = self.compute_retrying(&handle, &inputs, hint);
-        let mut values: Vec<Option<V>> = match result {
-            Ok(v) if v.len() == n_out => v.into_iter().map(Some).collect(),
-            Ok(v) => {
-                let got = v.len();
-                self.free_slots(slots);
-                return Err(Error::OutputCount {
-                    op: handle.name().to_string(),
-                    got,
-                    expected: n_out,
-                });
-            }
-            Err(e) => {
-                self.free_slots(slots);
-                return Err(e);
-            }
-        };
+        let (slots, values) = self.outputs_or_free(handle.name(), result, n_out, slots)?;
+        let mut values: Vec<Option<V>> = values.into_iter().map(Some).collect();
         self.graph.clock += cost;
         self.stats.remat_ns += cost;
         self.graph.note_op_cost(cost, true);
