@@ -53,6 +53,10 @@ pub struct RuntimeStats {
     /// Bytes moved by defragmentation (device-to-device copies a real arena
     /// would make; not counted in the compute figures).
     pub defrag_bytes: u64,
+    /// Online iterations that were losing (replays past their computations)
+    /// and finished under the lineage-priced policy (see
+    /// `Runtime::rescue_from_thrashing`).
+    pub policy_rescues: u64,
     /// Switches from the caching-allocator model to a compacting arena because
     /// no eviction could place an allocation whose working set fits the budget
     /// (segments larger than the budget, or pinned blocks scattered over

@@ -317,6 +317,44 @@ fn traces_replayed_as_iterations_settle_on_a_plan() {
     }
 }
 
+/// lstm at 0.2 of its peak: remat's first iteration cascades (past 20×, the
+/// replayer's first-iteration limit, before the rescue). Once its replays pass
+/// its computations it goes on under the lineage-priced policy and finishes;
+/// the second iteration follows a plan.
+#[test]
+fn a_thrashing_first_iteration_is_rescued_and_the_next_one_is_planned() {
+    use remat_dtr::replay::{replay_ratio_iterations, ReplayStatus};
+    use remat_dtr::PolicyKind;
+    use remat_trace::{find_trace, require_traces, Trace};
+    if require_traces("a_thrashing_first_iteration_is_rescued_and_the_next_one_is_planned")
+        .is_none()
+    {
+        return;
+    }
+    let trace = Trace::load(&find_trace("lstm").expect("trace lstm not found")).unwrap();
+    let r = replay_ratio_iterations(
+        &trace,
+        0.2,
+        BudgetMode::Physical,
+        PolicyKind::Remat,
+        &DtrConfig::default(),
+        2,
+    )
+    .unwrap();
+    assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
+    assert_eq!(
+        r.iterations[0].status,
+        ReplayStatus::Ok,
+        "{:?}",
+        r.iterations
+    );
+    assert!(r.iterations[0].overhead > 2.0, "{:?}", r.iterations);
+    let last = &r.iterations[1];
+    assert!(last.planned && last.divergences == 0, "{:?}", r.iterations);
+    assert!(last.overhead < 2.0, "{:?}", r.iterations);
+    assert!(last.arena_bytes.unwrap() <= r.budget_bytes.unwrap());
+}
+
 #[test]
 fn a_value_evicted_at_the_boundary_can_be_dropped_in_a_planned_step() {
     // Each step leaves one value evicted at its end and drops its handle in

@@ -17,6 +17,10 @@
 //!   fragments (a failed allocation with a fifth of the budget free) or that is
 //!   losing (replays past its computations) moves into a defragmenting arena at
 //!   its next op ([`Runtime::rescue_from_fragmentation`], [`Runtime::defragment`]).
+//!   A losing online iteration, in either budget mode, also finishes under the
+//!   lineage-priced policy (MSPS) instead of the configured one
+//!   ([`Runtime::rescue_from_thrashing`]); the boundary restores the configured
+//!   policy.
 //! - **Fallback.** Under a physical budget, an allocation that no eviction can
 //!   place while the working set fits the budget moves the runtime into the same
 //!   arena, plan-ahead or not ([`Runtime::fall_back_to_arena`]): the budget, not
@@ -32,11 +36,13 @@ use ahash::AHashMap;
 
 use super::Runtime;
 use crate::arena::{arena_size, ArenaLayout, ArenaMemory};
+use crate::config::PolicyKind;
 use crate::error::{Error, Result};
 use crate::execute::{Cursor, IterationPlan, PlanStep, StepKind};
 use crate::graph::NONE;
 use crate::ids::{StorageId, TensorId};
 use crate::memory::{MemoryModel, Slot};
+use crate::policy::make_policy;
 use crate::record::{Boundary, Call, Recording, Ref};
 use crate::stats::{IterationReport, PlanStatus, RuntimeStats};
 
@@ -115,6 +121,10 @@ pub(crate) struct IterationState {
     /// An allocation failed with a large share of the budget free but in
     /// pieces (see [`Runtime::note_fragmentation`]).
     pub fragmented: bool,
+    /// The configured policy, set aside while a losing online iteration runs
+    /// under the lineage-priced one ([`Runtime::rescue_from_thrashing`]);
+    /// restored at the boundary.
+    pub set_aside_policy: Option<Box<dyn crate::policy::EvictionPolicy>>,
     /// Order regeneration inputs by creation, not slab index (while following
     /// a plan, and in simulations that make one).
     pub stable_order: bool,
@@ -621,6 +631,9 @@ impl<V> Runtime<V> {
         self.iter.new_tensors = 0;
         self.iter.broken = false;
         self.iter.divergences = 0;
+        if let Some(policy) = self.iter.set_aside_policy.take() {
+            self.policy = policy;
+        }
         self.iter.start_stats = self.stats.clone();
         self.stats.iterations += 1;
         if self.iter.enabled || self.iter.record_always {
@@ -712,11 +725,11 @@ impl<V> Runtime<V> {
     /// its resident storages out compactly in an [`ArenaMemory`] of the budget,
     /// which can then be defragmented ([`Runtime::defragment`]).
     pub(super) fn rescue_from_fragmentation(&mut self) -> Result<()> {
+        self.rescue_from_thrashing();
         if !self.may_defragment() || !self.memory.has_addresses() || self.memory.can_compact() {
             return Ok(());
         }
-        let s0 = &self.iter.start_stats;
-        let losing = self.stats.remat_ns - s0.remat_ns > self.stats.compute_ns - s0.compute_ns;
+        let losing = self.losing();
         if !losing && !self.graph.thrashing() && !self.iter.fragmented {
             return Ok(());
         }
@@ -725,6 +738,37 @@ impl<V> Runtime<V> {
             tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
         }
         Ok(())
+    }
+
+    /// Whether this iteration's replays have cost more than its first
+    /// computations so far: past 2×, failing by the replayer's measure.
+    fn losing(&self) -> bool {
+        let s0 = &self.iter.start_stats;
+        self.stats.remat_ns - s0.remat_ns > self.stats.compute_ns - s0.compute_ns
+    }
+
+    /// An online iteration (plan-ahead on, either budget mode) that is losing
+    /// ([`Runtime::losing`]) goes on, until its boundary, under MSPS: each
+    /// candidate priced by the recompute cost of the whole evicted lineage its
+    /// eviction would create, per byte, with no staleness term. Staleness-based
+    /// scores (h_DTR, remat's) can cascade under extreme pressure: they evict
+    /// the links next to an evicted chain, whose replays then evict the next
+    /// links. A lineage price rises with every eviction nearby, so it spreads
+    /// the evictions out instead. Only the first iteration of a training run
+    /// should need this: the iterations after it follow a plan.
+    fn rescue_from_thrashing(&mut self) {
+        if !self.iter.enabled
+            || !self.can_move()
+            || self.iter.set_aside_policy.is_some()
+            || self.config.policy == PolicyKind::Msps
+            || !self.losing()
+        {
+            return;
+        }
+        let rescue = make_policy(PolicyKind::Msps, &self.config);
+        self.iter.set_aside_policy = Some(std::mem::replace(&mut self.policy, rescue));
+        self.stats.policy_rescues += 1;
+        tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to the lineage-priced policy until the boundary");
     }
 
     /// The last resort of an allocation under a physical budget: no eviction
