@@ -21,7 +21,9 @@
 //! planner ([`remat_alloc::plan`]); when its arena exceeds the budget, B' shrinks
 //! by the excess and the entry is simulated again. The cheapest entry whose
 //! arena fits the budget becomes the [`IterationPlan`]; the runtime adopts it
-//! only when it costs no more than the recorded iteration did.
+//! only when it costs no more than the recorded iteration did (or, after an
+//! iteration the runtime had to rescue, no more than twice its first
+//! computations: `Runtime::plan_bound`).
 //!
 //! Why it works: DTR's heuristics guess the future from the past (staleness); a
 //! repeated iteration *is* its own past, so the future-knowing prices (Belady's
@@ -101,9 +103,9 @@ enum Placement {
     Compacting(u64),
 }
 
-/// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is what
-/// the recorded iteration cost (first computations plus rematerializations): a
-/// plan must not cost more. `Ok(None)`: no entry fits, or none is cheaper.
+/// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is the
+/// most a plan may cost: what the recorded iteration cost (first computations
+/// plus rematerializations), or more after a rescued one. `Ok(None)`: no entry fits, or none is cheaper.
 pub(crate) fn plan_iteration(
     rec: &Arc<Recording>,
     config: &DtrConfig,

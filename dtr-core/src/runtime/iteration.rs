@@ -57,6 +57,11 @@ const MAX_EVENTS: usize = 1 << 23;
 /// treelstm's small-pool requests).
 const FRAGMENTED_SHARE: f64 = 0.2;
 
+/// The most a plan made after a rescued iteration may cost, over its first
+/// computations: the DTR paper's line between an overhead and a failure
+/// (see [`Runtime::plan_bound`]).
+const RESCUED_PLAN_LIMIT: f64 = 2.0;
+
 /// A plan being made on a background thread from `recording`.
 pub(crate) struct PendingPlan {
     recording: Arc<Recording>,
@@ -599,13 +604,13 @@ impl<V> Runtime<V> {
                     PlanStatus::Kept
                 }
                 _ if self.config.plan_background => {
-                    let measured = report.compute_ns + report.remat_ns;
+                    let measured = self.plan_bound(&report);
                     let (plan, status) = self.plan_in_background(rec, measured)?;
                     next = plan.map(Arc::new);
                     status
                 }
                 _ => {
-                    let measured = report.compute_ns + report.remat_ns;
+                    let measured = self.plan_bound(&report);
                     next =
                         crate::planner::plan_iteration(&rec, &self.config, measured)?.map(Arc::new);
                     if next.is_some() {
@@ -738,6 +743,28 @@ impl<V> Runtime<V> {
             tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to a defragmented arena");
         }
         Ok(())
+    }
+
+    /// What a plan for the next iteration may cost (ns): at most what the
+    /// iteration that just ended did, unless that iteration was rescued (moved
+    /// storages to defragment, or switched policy because it was losing). A
+    /// rescued iteration's cost is no figure the next one can count on: the
+    /// copies that defragmented it are not charged, and its layout came from
+    /// them (treelstm at 0.25: two online iterations at 1.263 and 1.262, then
+    /// one from the same state that thrashes). Its plan, whose cost is exact,
+    /// is then taken up to [`RESCUED_PLAN_LIMIT`] times the first
+    /// computations.
+    fn plan_bound(&self, report: &IterationReport) -> f64 {
+        let measured = report.compute_ns + report.remat_ns;
+        let s0 = &self.iter.start_stats;
+        let rescued = self.stats.defragmentations > s0.defragmentations
+            || self.stats.arena_fallbacks > s0.arena_fallbacks
+            || self.stats.policy_rescues > s0.policy_rescues;
+        if rescued {
+            measured.max(RESCUED_PLAN_LIMIT * report.compute_ns)
+        } else {
+            measured
+        }
     }
 
     /// Whether this iteration's replays have cost more than its first
