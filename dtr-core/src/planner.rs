@@ -105,7 +105,8 @@ enum Placement {
 
 /// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is the
 /// most a plan may cost: what the recorded iteration cost (first computations
-/// plus rematerializations), or more after a rescued one. `Ok(None)`: no entry fits, or none is cheaper.
+/// plus rematerializations), or more after a rescued one. `Ok(None)`: no entry
+/// fits, or none is cheap enough.
 pub(crate) fn plan_iteration(
     rec: &Arc<Recording>,
     config: &DtrConfig,
