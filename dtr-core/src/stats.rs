@@ -122,6 +122,11 @@ pub struct IterationReport {
     pub rematerializations: u64,
     /// The arena of its plan, when it had one.
     pub arena_bytes: Option<u64>,
+    /// The runtime had to rescue it online ([`RuntimeStats::rescued_since`]);
+    /// its plan may then cost more than it did, up to 2× its first
+    /// computations, since its own cost is no figure the next online
+    /// iteration repeats.
+    pub rescued: bool,
     /// The plan adopted for the next iteration (`None`: it runs online).
     pub next_plan: Option<PlanSummary>,
     /// What happened to planning at this boundary, and why when no plan was
@@ -184,6 +189,16 @@ impl IterationReport {
 }
 
 impl RuntimeStats {
+    /// Whether the runtime rescued an online iteration since `earlier` (the
+    /// stats at its start): moved into a defragmenting arena, fell back to a
+    /// compacting one, or switched to the lineage-priced policy because its
+    /// replays passed its computations.
+    pub fn rescued_since(&self, earlier: &RuntimeStats) -> bool {
+        self.defragmentations > earlier.defragmentations
+            || self.arena_fallbacks > earlier.arena_fallbacks
+            || self.policy_rescues > earlier.policy_rescues
+    }
+
     /// First computations plus rematerializations.
     pub fn total_compute_ns(&self) -> f64 {
         self.compute_ns + self.remat_ns

@@ -348,6 +348,7 @@ fn a_thrashing_first_iteration_is_rescued_and_the_next_one_is_planned() {
         "{:?}",
         r.iterations
     );
+    assert!(r.iterations[0].rescued, "{:?}", r.iterations);
     assert!(r.iterations[0].overhead > 2.0, "{:?}", r.iterations);
     let last = &r.iterations[1];
     assert!(last.planned && last.divergences == 0, "{:?}", r.iterations);
@@ -380,6 +381,7 @@ fn a_rescued_iteration_is_followed_by_its_plan() {
     .unwrap();
     assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
     assert!(!r.iterations[0].planned, "{:?}", r.iterations);
+    assert!(r.iterations[0].rescued, "{:?}", r.iterations);
     for it in &r.iterations[1..] {
         assert!(it.planned && it.divergences == 0, "{:?}", r.iterations);
         assert!(it.overhead < 2.0, "{:?}", r.iterations);

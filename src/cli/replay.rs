@@ -137,27 +137,33 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
         "allocator_conf": r.allocator_conf,
         "wall_ms": r.wall_ms,
         "error": r.error,
-        "iterations": r.iterations.iter().map(|it| serde_json::json!({
-            "index": it.index,
-            "status": it.status.name(),
-            "overhead": it.overhead,
-            "evictions": it.evictions,
-            "rematerializations": it.rematerializations,
-            "planned": it.planned,
-            "divergences": it.divergences,
-            "arena_bytes": it.arena_bytes,
-            "planning": it.planning.map(|p| p.name()),
-            "next_plan": it.next_plan.as_ref().map(|p| serde_json::json!({
-                "policy": p.policy,
-                "overhead": p.overhead,
-                "arena_bytes": p.arena_bytes,
-                "simulated_budget": p.simulated_budget,
-                "plan_ms": p.plan_ms,
-                "simulations": p.simulations,
-                "ops": p.ops,
-            })),
-        })).collect::<Vec<_>>(),
+        "iterations": r.iterations.iter().map(iteration_json).collect::<Vec<_>>(),
         "steady_overhead": r.steady_overhead,
+    })
+}
+
+/// One entry of the JSON report's `iterations`.
+fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
+    serde_json::json!({
+        "index": it.index,
+        "status": it.status.name(),
+        "overhead": it.overhead,
+        "evictions": it.evictions,
+        "rematerializations": it.rematerializations,
+        "planned": it.planned,
+        "divergences": it.divergences,
+        "arena_bytes": it.arena_bytes,
+        "rescued": it.rescued,
+        "planning": it.planning.map(|p| p.name()),
+        "next_plan": it.next_plan.as_ref().map(|p| serde_json::json!({
+            "policy": p.policy,
+            "overhead": p.overhead,
+            "arena_bytes": p.arena_bytes,
+            "simulated_budget": p.simulated_budget,
+            "plan_ms": p.plan_ms,
+            "simulations": p.simulations,
+            "ops": p.ops,
+        })),
     })
 }
 
@@ -242,6 +248,8 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                             it.arena_bytes.unwrap_or(0),
                             it.divergences
                         )
+                    } else if it.rescued {
+                        ", online (rescued)".to_string()
                     } else {
                         ", online".to_string()
                     },

@@ -201,6 +201,9 @@ pub struct IterationRow {
     pub divergences: u32,
     /// Bytes of its plan's arena (`None`: it ran online).
     pub arena_bytes: Option<u64>,
+    /// The runtime rescued it online (see
+    /// [`crate::stats::RuntimeStats::rescued_since`]).
+    pub rescued: bool,
     /// The plan made at its end for the next iteration, if any.
     pub next_plan: Option<crate::stats::PlanSummary>,
     /// What planning did at its end (`None`: the last iteration of a run, or
@@ -569,6 +572,7 @@ fn drive(
             planned: rt.current_plan().is_some(),
             divergences: (s.divergences - at_start.divergences) as u32,
             arena_bytes: rt.current_plan().map(|p| p.arena_bytes),
+            rescued: s.rescued_since(&at_start),
             next_plan: None,
             planning: None,
         };

@@ -557,6 +557,7 @@ impl<V> Runtime<V> {
             evictions: self.stats.evictions - s0.evictions,
             rematerializations: self.stats.rematerializations - s0.rematerializations,
             arena_bytes: self.iter.plan.as_ref().map(|p| p.arena_bytes),
+            rescued: self.stats.rescued_since(&self.iter.start_stats),
             next_plan: None,
             planning: PlanStatus::Off,
         };
@@ -604,13 +605,13 @@ impl<V> Runtime<V> {
                     PlanStatus::Kept
                 }
                 _ if self.config.plan_background => {
-                    let measured = self.plan_bound(&report);
+                    let measured = Self::plan_bound(&report);
                     let (plan, status) = self.plan_in_background(rec, measured)?;
                     next = plan.map(Arc::new);
                     status
                 }
                 _ => {
-                    let measured = self.plan_bound(&report);
+                    let measured = Self::plan_bound(&report);
                     next =
                         crate::planner::plan_iteration(&rec, &self.config, measured)?.map(Arc::new);
                     if next.is_some() {
@@ -754,13 +755,9 @@ impl<V> Runtime<V> {
     /// one from the same state that thrashes). Its plan, whose cost is exact,
     /// is then taken up to [`RESCUED_PLAN_LIMIT`] times the first
     /// computations.
-    fn plan_bound(&self, report: &IterationReport) -> f64 {
+    fn plan_bound(report: &IterationReport) -> f64 {
         let measured = report.compute_ns + report.remat_ns;
-        let s0 = &self.iter.start_stats;
-        let rescued = self.stats.defragmentations > s0.defragmentations
-            || self.stats.arena_fallbacks > s0.arena_fallbacks
-            || self.stats.policy_rescues > s0.policy_rescues;
-        if rescued {
+        if report.rescued {
             measured.max(RESCUED_PLAN_LIMIT * report.compute_ns)
         } else {
             measured
