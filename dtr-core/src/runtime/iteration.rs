@@ -7,7 +7,9 @@
 //!   resident (never evicted again), makes what it left evicted stale (reading it
 //!   is [`Error::StaleValue`]), and hands the recording to the planner
 //!   ([`crate::planner`]) when the next iteration starts from the same state.
-//! - **Execute.** A plan that beats the recorded iteration is followed: at each
+//! - **Execute.** A plan that beats the recorded iteration (or, after an
+//!   iteration the runtime rescued, costs at most 2× its first computations:
+//!   [`Runtime::plan_bound`]) is followed: at each
 //!   allocation [`Runtime::planned_alloc`] evicts what the plan evicted there and
 //!   places the allocation at its planned offset in one [`ArenaMemory`]. The
 //!   first call that differs from the recorded program, or a plan step that cannot
