@@ -534,3 +534,54 @@ fn background_planning_without_waiting_stays_identical_and_ends_planned() {
     );
     assert!(reports.iter().all(|r| r.divergences == 0), "{reports:?}");
 }
+
+/// A step that reads a long chain back in reverse under a budget of a few of
+/// its values replays more than it computes: the runtime finishes it under
+/// MSPS, reports it rescued at the boundary, and starts the next step under
+/// the configured policy again. Every value read is the one first computed.
+#[test]
+fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
+    let config = DtrConfig::default()
+        .with_budget(6 * MIB)
+        .with_budget_mode(BudgetMode::Logical)
+        .with_sampling(false);
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let configured = rt.policy_name();
+    for it in 0..2u64 {
+        let x = rt.put(mix(it, 3), MIB).unwrap();
+        let mut chain = vec![x];
+        let mut expected = vec![mix(it, 3)];
+        for i in 0..40u64 {
+            let prev = *chain.last().unwrap();
+            let t = rt
+                .apply(op("link", i), &[prev], &[OutputSpec::fresh(MIB)], 1_000)
+                .unwrap()[0];
+            chain.push(t);
+            expected.push(mix(i, *expected.last().unwrap()));
+        }
+        let before = rt.stats().clone();
+        for (&t, &want) in chain.iter().zip(&expected).rev() {
+            assert_eq!(*rt.access(t).unwrap(), want, "step {it}");
+        }
+        let rescues = rt.stats().policy_rescues - before.policy_rescues;
+        if it == 0 {
+            // Replays past the computations: switched, once.
+            assert!(rt.stats().remat_ns > rt.stats().compute_ns, "not losing");
+            assert_eq!(rescues, 1);
+            assert_eq!(rt.policy_name(), "msps");
+        } else {
+            // The step repeats: it follows the plan made from the rescued one
+            // (cheaper than it was), and a planned step is never rescued.
+            assert!(rt.current_plan().is_some());
+            assert_eq!(rescues, 0);
+        }
+        for t in chain {
+            rt.release(t).unwrap();
+        }
+        let report = rt.end_iteration().unwrap();
+        assert_eq!(report.rescued, it == 0, "{report:?}");
+        assert_eq!(report.divergences, 0, "{report:?}");
+        assert_eq!(rt.policy_name(), configured);
+        rt.check_invariants().unwrap();
+    }
+}

@@ -733,7 +733,6 @@ impl<V> Runtime<V> {
     /// its resident storages out compactly in an [`ArenaMemory`] of the budget,
     /// which can then be defragmented ([`Runtime::defragment`]).
     pub(super) fn rescue_from_fragmentation(&mut self) -> Result<()> {
-        self.rescue_from_thrashing();
         if !self.may_defragment() || !self.memory.has_addresses() || self.memory.can_compact() {
             return Ok(());
         }
@@ -781,8 +780,10 @@ impl<V> Runtime<V> {
     /// the links next to an evicted chain, whose replays then evict the next
     /// links. A lineage price rises with every eviction nearby, so it spreads
     /// the evictions out instead. Only the first iteration of a training run
-    /// should need this: the iterations after it follow a plan.
-    fn rescue_from_thrashing(&mut self) {
+    /// should need this: the iterations after it follow a plan. Called before
+    /// each hold (an op's inputs, a read, a pin), where no allocation is in
+    /// flight.
+    pub(super) fn rescue_from_thrashing(&mut self) {
         if !self.iter.enabled
             || !self.can_move()
             || self.iter.set_aside_policy.is_some()

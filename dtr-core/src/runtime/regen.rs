@@ -28,6 +28,9 @@ impl<V> Runtime<V> {
     /// the work is bounded. A regeneration that still finds the budget impossible
     /// is retried once with the inputs ordered by need.
     pub(super) fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
+        // Between regenerations, no allocation in flight: where a losing
+        // iteration changes policy.
+        self.rescue_from_thrashing();
         match self.hold_once(targets, false) {
             Err(Error::ImpossibleBudget(_)) if self.replayed => {
                 // Creation order parked too much: retry (what was regenerated
