@@ -15,6 +15,7 @@
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
 //! | `plan_background` | `on`/`off`: plan on a background thread; the next iteration runs online and the plan is followed from the one after | `off` |
+//! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`) | `on` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
 //! The allocator behind a physical budget has its own settings
@@ -216,6 +217,11 @@ pub struct DtrConfig {
     /// program and the starting state repeat (see
     /// [`crate::Runtime::end_iteration`]).
     pub plan_background: bool,
+    /// With plan-ahead on, an online iteration whose replays pass its first
+    /// computations finishes under MSPS, and its boundary restores
+    /// [`DtrConfig::policy`] (see [`crate::RuntimeStats::policy_rescues`]).
+    /// Off: the configured policy decides every eviction.
+    pub thrash_rescue: bool,
 }
 
 impl Default for DtrConfig {
@@ -234,6 +240,7 @@ impl Default for DtrConfig {
             allocator: AllocatorConfig::default(),
             plan_ahead: true,
             plan_background: false,
+            thrash_rescue: true,
         }
     }
 }
@@ -299,6 +306,12 @@ impl DtrConfig {
         self
     }
 
+    /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
+    pub fn with_thrash_rescue(mut self, on: bool) -> Self {
+        self.thrash_rescue = on;
+        self
+    }
+
     /// Parse `key:value,key:value` (whitespace around items is ignored; an empty
     /// string is the default config).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -324,6 +337,7 @@ impl DtrConfig {
                 "expandable_segments" => c.expandable_segments = parse_switch(key, value)?,
                 "plan_ahead" => c.plan_ahead = parse_switch(key, value)?,
                 "plan_background" => c.plan_background = parse_switch(key, value)?,
+                "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
                 "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
                 "megengine_staleness" => c.megengine.staleness = parse_f64(key, value)?,
@@ -444,7 +458,8 @@ mod tests {
     fn parses_every_key() {
         let c = DtrConfig::parse(
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
-             min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5",
+             min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
+             thrash_rescue:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -455,6 +470,7 @@ mod tests {
         assert_eq!(c.threshold, Some(1_500_000_000));
         assert_eq!(c.seed, 7);
         assert_eq!(c.megengine.recompute_base, 1.5);
+        assert!(!c.thrash_rescue && DtrConfig::default().thrash_rescue);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }
 

@@ -545,7 +545,7 @@ fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
         .with_budget(6 * MIB)
         .with_budget_mode(BudgetMode::Logical)
         .with_sampling(false);
-    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let mut rt: Runtime<u64> = Runtime::new(config.clone()).unwrap();
     let configured = rt.policy_name();
     for it in 0..2u64 {
         let x = rt.put(mix(it, 3), MIB).unwrap();
@@ -584,4 +584,21 @@ fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
         assert_eq!(rt.policy_name(), configured);
         rt.check_invariants().unwrap();
     }
+    // Turned off, the configured policy decides every eviction.
+    let mut rt: Runtime<u64> = Runtime::new(config.with_thrash_rescue(false)).unwrap();
+    let mut last = rt.put(1, MIB).unwrap();
+    let mut chain = vec![last];
+    for i in 0..40u64 {
+        last = rt
+            .apply(op("link", i), &[last], &[OutputSpec::fresh(MIB)], 1_000)
+            .unwrap()[0];
+        chain.push(last);
+    }
+    for &t in chain.iter().rev() {
+        rt.access(t).unwrap();
+    }
+    assert!(rt.stats().remat_ns > rt.stats().compute_ns, "not losing");
+    assert_eq!(rt.stats().policy_rescues, 0);
+    assert_eq!(rt.policy_name(), configured);
+    assert!(!rt.end_iteration().unwrap().rescued);
 }

@@ -785,6 +785,7 @@ impl<V> Runtime<V> {
     /// flight.
     pub(super) fn rescue_from_thrashing(&mut self) {
         if !self.iter.enabled
+            || !self.config.thrash_rescue
             || !self.can_move()
             || self.iter.set_aside_policy.is_some()
             || self.config.policy == PolicyKind::Msps
