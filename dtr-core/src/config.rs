@@ -15,7 +15,7 @@
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
 //! | `plan_background` | `on`/`off`: plan on a background thread; the next iteration runs online and the plan is followed from the one after | `off` |
-//! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`) | `on` |
+//! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`), and a regeneration whose own replays pass them keeps what it regenerates | `on` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
 //! The allocator behind a physical budget has its own settings
@@ -219,8 +219,11 @@ pub struct DtrConfig {
     pub plan_background: bool,
     /// With plan-ahead on, an online iteration whose replays pass its first
     /// computations finishes under MSPS, and its boundary restores
-    /// [`DtrConfig::policy`] (see [`crate::RuntimeStats::policy_rescues`]).
-    /// Off: the configured policy decides every eviction.
+    /// [`DtrConfig::policy`] (see [`crate::RuntimeStats::policy_rescues`]); a
+    /// regeneration whose own replays pass them keeps what it regenerates
+    /// until it ends ([`crate::RuntimeStats::kept_regenerations`]). Off: the
+    /// configured policy decides every eviction, and a regeneration releases
+    /// each input once its op has run.
     pub thrash_rescue: bool,
 }
 

@@ -57,6 +57,10 @@ pub struct RuntimeStats {
     /// and finished under the lineage-priced policy (see
     /// `Runtime::rescue_from_thrashing`).
     pub policy_rescues: u64,
+    /// Regenerations that kept what they regenerated until they ended,
+    /// because their own replays passed the iteration's computations (see
+    /// `Runtime::keep_regenerated`).
+    pub kept_regenerations: u64,
     /// Switches from the caching-allocator model to a compacting arena because
     /// no eviction could place an allocation whose working set fits the budget
     /// (segments larger than the budget, or pinned blocks scattered over
@@ -191,12 +195,14 @@ impl IterationReport {
 impl RuntimeStats {
     /// Whether the runtime rescued an online iteration since `earlier` (the
     /// stats at its start): moved into a defragmenting arena, fell back to a
-    /// compacting one, or switched to the lineage-priced policy because its
-    /// replays passed its computations.
+    /// compacting one, switched to the lineage-priced policy because its
+    /// replays passed its computations, or had a regeneration keep what it
+    /// regenerated for the same reason.
     pub fn rescued_since(&self, earlier: &RuntimeStats) -> bool {
         self.defragmentations > earlier.defragmentations
             || self.arena_fallbacks > earlier.arena_fallbacks
             || self.policy_rescues > earlier.policy_rescues
+            || self.kept_regenerations > earlier.kept_regenerations
     }
 
     /// First computations plus rematerializations.

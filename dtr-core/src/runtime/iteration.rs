@@ -22,7 +22,8 @@
 //!   A losing online iteration, in either budget mode, also finishes under the
 //!   lineage-priced policy (MSPS) instead of the configured one
 //!   ([`Runtime::rescue_from_thrashing`]); the boundary restores the configured
-//!   policy.
+//!   policy. A regeneration that alone makes it lose keeps what it
+//!   regenerates until it ends (`Runtime::keep_regenerated`, in `regen.rs`).
 //! - **Fallback.** Under a physical budget, an allocation that no eviction can
 //!   place while the working set fits the budget moves the runtime into the same
 //!   arena, plan-ahead or not ([`Runtime::fall_back_to_arena`]): the budget, not
@@ -718,7 +719,7 @@ impl<V> Runtime<V> {
 
     /// Whether this runtime may move resident blocks at all: not a planner
     /// simulation (its offsets become a plan), not following a plan.
-    fn can_move(&self) -> bool {
+    pub(super) fn can_move(&self) -> bool {
         self.iter.plan_log.is_none() && !self.iter.following
     }
 

@@ -94,6 +94,16 @@ pub struct Runtime<V> {
     by_need: bool,
     /// The current `hold` replayed (or set out to replay) a compute path.
     replayed: bool,
+    /// Replay cost (ns) at the start of the current regeneration, while the
+    /// thrash rescue may still make it keep what it regenerated
+    /// ([`Runtime::keep_regenerated`]); `None` once it does or cannot, or
+    /// outside one.
+    memo: Option<f64>,
+    /// Holds kept by a regeneration that keeps what it regenerated, released
+    /// when it ends.
+    memo_kept: Vec<StorageId>,
+    /// The current regeneration keeps what it regenerated.
+    memo_on: bool,
     /// Iterations: the recorder, the plan being followed, the counters that name
     /// storages and allocations within the iteration (see [`iteration`]).
     iter: IterationState,
@@ -159,6 +169,9 @@ impl<V> Runtime<V> {
             parked_evicted: Vec::new(),
             by_need: false,
             replayed: false,
+            memo: None,
+            memo_kept: Vec::new(),
+            memo_on: false,
             iter: IterationState::default(),
         }
         .with_recording()

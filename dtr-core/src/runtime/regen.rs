@@ -5,7 +5,10 @@
 //! `s`'s compute path; `Run(op)` finds its inputs held, places and computes the
 //! missing outputs ([`Runtime::rematerialize`]), releases the inputs and holds
 //! its target for the frame that needed it. Nothing recurses on the call stack,
-//! so a 100k-op chain regenerates in constant stack.
+//! so a 100k-op chain regenerates in constant stack. A regeneration whose own
+//! replays pass the iteration's first computations keeps the inputs it
+//! releases held instead, until it ends or memory runs out
+//! ([`Runtime::keep_regenerated`]).
 
 use std::sync::Arc;
 
@@ -52,8 +55,14 @@ impl<V> Runtime<V> {
         self.regenerating = true;
         self.by_need = by_need;
         self.replayed = false;
+        self.memo_on = false;
+        self.memo_kept.clear();
+        self.memo = Some(self.stats.remat_ns);
         let result = self.hold_loop(targets);
         self.regenerating = false;
+        self.memo = None;
+        self.memo_on = false;
+        let kept = std::mem::take(&mut self.memo_kept);
         if let Err(e) = result {
             self.frames.clear();
             let touched = std::mem::take(&mut self.touched);
@@ -67,9 +76,44 @@ impl<V> Runtime<V> {
                 }
             }
             self.touched = touched;
+            self.memo_kept = kept;
+            self.memo_kept.clear();
             return Err(e);
         }
+        for &s in &kept {
+            self.unpin_storage(s, true);
+        }
+        self.memo_kept = kept;
+        self.memo_kept.clear();
         Ok(())
+    }
+
+    /// Whether the running regeneration keeps the inputs of the op it just
+    /// replayed held until it ends, instead of releasing them for eviction.
+    /// It starts to once its own replays cost more than the iteration's first
+    /// computations so far (a regeneration that alone makes the iteration
+    /// lose): a lineage released after its first consumer is otherwise
+    /// regenerated again for the next one, without bound (lstm at 0.25: one
+    /// regeneration replayed ~2 600 ops up to 90 times each). Kept storages
+    /// are parked: [`Runtime::evict_parked`] may still evict each once.
+    fn keep_regenerated(&mut self) -> bool {
+        if self.memo_on {
+            return true;
+        }
+        let Some(start) = self.memo else {
+            return false;
+        };
+        if !self.iter.enabled || !self.config.thrash_rescue || !self.can_move() {
+            self.memo = None;
+            return false;
+        }
+        let own = self.stats.remat_ns - start;
+        if own > self.stats.compute_ns - self.iter.start_stats.compute_ns {
+            self.memo_on = true;
+            self.memo = None;
+            self.stats.kept_regenerations += 1;
+        }
+        self.memo_on
     }
 
     fn hold_loop(&mut self, targets: &[StorageId]) -> Result<()> {
@@ -121,6 +165,15 @@ impl<V> Runtime<V> {
             }
         }
         let Some((_, s)) = best else {
+            // What a regeneration kept yields when memory runs out: released,
+            // it is an ordinary candidate again.
+            if self.memo_on && !self.memo_kept.is_empty() {
+                self.memo_on = false;
+                for s in std::mem::take(&mut self.memo_kept) {
+                    self.unpin_storage(s, true);
+                }
+                return Ok(true);
+            }
             return Ok(false);
         };
         self.parked_evicted.push(s);
@@ -211,9 +264,14 @@ impl<V> Runtime<V> {
             result?;
         }
         let now = self.graph.clock;
+        let keep = self.keep_regenerated();
         for s in unique {
             self.graph.st_mut(s).last_used = now;
-            self.unpin_storage(s, true);
+            if keep {
+                self.memo_kept.push(s);
+            } else {
+                self.unpin_storage(s, true);
+            }
         }
         self.take_hold(target);
         Ok(())
