@@ -719,7 +719,7 @@ impl<V> Runtime<V> {
 
     /// Whether this runtime may move resident blocks at all: not a planner
     /// simulation (its offsets become a plan), not following a plan.
-    pub(super) fn can_move(&self) -> bool {
+    fn can_move(&self) -> bool {
         self.iter.plan_log.is_none() && !self.iter.following
     }
 
@@ -769,8 +769,19 @@ impl<V> Runtime<V> {
     /// Whether this iteration's replays have cost more than its first
     /// computations so far: past 2×, failing by the replayer's measure.
     fn losing(&self) -> bool {
-        let s0 = &self.iter.start_stats;
-        self.stats.remat_ns - s0.remat_ns > self.stats.compute_ns - s0.compute_ns
+        self.losing_since(self.iter.start_stats.remat_ns)
+    }
+
+    /// Whether the replays since the replay cost was `remat_ns` alone cost more
+    /// than this iteration's first computations so far.
+    pub(super) fn losing_since(&self, remat_ns: f64) -> bool {
+        self.stats.remat_ns - remat_ns > self.stats.compute_ns - self.iter.start_stats.compute_ns
+    }
+
+    /// Whether the thrash rescues may act: plan-ahead on, `thrash_rescue` on,
+    /// online (not a planner simulation, not following a plan).
+    pub(super) fn may_rescue(&self) -> bool {
+        self.iter.enabled && self.config.thrash_rescue && self.can_move()
     }
 
     /// An online iteration (plan-ahead on, either budget mode) that is losing
@@ -785,9 +796,7 @@ impl<V> Runtime<V> {
     /// each hold (an op's inputs, a read, a pin), where no allocation is in
     /// flight.
     pub(super) fn rescue_from_thrashing(&mut self) {
-        if !self.iter.enabled
-            || !self.config.thrash_rescue
-            || !self.can_move()
+        if !self.may_rescue()
             || self.iter.set_aside_policy.is_some()
             || self.config.policy == PolicyKind::Msps
             || !self.losing()

@@ -47,6 +47,20 @@ enum Frame {
     Run { op: OpId, target: StorageId },
 }
 
+/// Where a regeneration stands with keeping what it regenerates
+/// ([`Runtime::keep_regenerated`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Keeping {
+    /// Releasing each input once its op has run (outside a regeneration, or
+    /// where the thrash rescue cannot act).
+    Off,
+    /// Releasing, until its own replays (from this replay cost, ns) pass the
+    /// iteration's first computations.
+    Armed(f64),
+    /// Keeping, until it ends or nothing else can make room.
+    On,
+}
+
 /// The DTR runtime over values of type `V` (a storage handle of the adapter: a
 /// candle storage, a burn tensor primitive, `()` for trace replay).
 pub struct Runtime<V> {
@@ -94,16 +108,12 @@ pub struct Runtime<V> {
     by_need: bool,
     /// The current `hold` replayed (or set out to replay) a compute path.
     replayed: bool,
-    /// Replay cost (ns) at the start of the current regeneration, while the
-    /// thrash rescue may still make it keep what it regenerated
-    /// ([`Runtime::keep_regenerated`]); `None` once it does or cannot, or
-    /// outside one.
-    memo: Option<f64>,
+    /// Whether the current regeneration keeps what it regenerated
+    /// ([`Runtime::keep_regenerated`]).
+    keeping: Keeping,
     /// Holds kept by a regeneration that keeps what it regenerated, released
     /// when it ends.
-    memo_kept: Vec<StorageId>,
-    /// The current regeneration keeps what it regenerated.
-    memo_on: bool,
+    kept: Vec<StorageId>,
     /// Iterations: the recorder, the plan being followed, the counters that name
     /// storages and allocations within the iteration (see [`iteration`]).
     iter: IterationState,
@@ -169,9 +179,8 @@ impl<V> Runtime<V> {
             parked_evicted: Vec::new(),
             by_need: false,
             replayed: false,
-            memo: None,
-            memo_kept: Vec::new(),
-            memo_on: false,
+            keeping: Keeping::Off,
+            kept: Vec::new(),
             iter: IterationState::default(),
         }
         .with_recording()

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use super::{Frame, Runtime, REGEN_ORDER_NODES};
+use super::{Frame, Keeping, Runtime, REGEN_ORDER_NODES};
 use crate::error::{DeviceOutOfMemory, Error, Result};
 use crate::graph::Residency;
 use crate::ids::{OpId, StorageId};
@@ -55,14 +55,20 @@ impl<V> Runtime<V> {
         self.regenerating = true;
         self.by_need = by_need;
         self.replayed = false;
-        self.memo_on = false;
-        self.memo_kept.clear();
-        self.memo = Some(self.stats.remat_ns);
+        self.keeping = Keeping::Armed(self.stats.remat_ns);
         let result = self.hold_loop(targets);
         self.regenerating = false;
-        self.memo = None;
-        self.memo_on = false;
-        let kept = std::mem::take(&mut self.memo_kept);
+        self.keeping = Keeping::Off;
+        // Release what was kept (after an error, the holds of everything
+        // touched are dropped below).
+        let mut kept = std::mem::take(&mut self.kept);
+        if result.is_ok() {
+            for &s in &kept {
+                self.unpin_storage(s, true);
+            }
+        }
+        kept.clear();
+        self.kept = kept;
         if let Err(e) = result {
             self.frames.clear();
             let touched = std::mem::take(&mut self.touched);
@@ -76,15 +82,8 @@ impl<V> Runtime<V> {
                 }
             }
             self.touched = touched;
-            self.memo_kept = kept;
-            self.memo_kept.clear();
             return Err(e);
         }
-        for &s in &kept {
-            self.unpin_storage(s, true);
-        }
-        self.memo_kept = kept;
-        self.memo_kept.clear();
         Ok(())
     }
 
@@ -97,23 +96,16 @@ impl<V> Runtime<V> {
     /// regeneration replayed ~2 600 ops up to 90 times each). Kept storages
     /// are parked: [`Runtime::evict_parked`] may still evict each once.
     fn keep_regenerated(&mut self) -> bool {
-        if self.memo_on {
-            return true;
-        }
-        let Some(start) = self.memo else {
-            return false;
+        let Keeping::Armed(start) = self.keeping else {
+            return self.keeping == Keeping::On;
         };
-        if !self.iter.enabled || !self.config.thrash_rescue || !self.can_move() {
-            self.memo = None;
-            return false;
-        }
-        let own = self.stats.remat_ns - start;
-        if own > self.stats.compute_ns - self.iter.start_stats.compute_ns {
-            self.memo_on = true;
-            self.memo = None;
+        if !self.may_rescue() {
+            self.keeping = Keeping::Off;
+        } else if self.losing_since(start) {
+            self.keeping = Keeping::On;
             self.stats.kept_regenerations += 1;
         }
-        self.memo_on
+        self.keeping == Keeping::On
     }
 
     fn hold_loop(&mut self, targets: &[StorageId]) -> Result<()> {
@@ -167,9 +159,9 @@ impl<V> Runtime<V> {
         let Some((_, s)) = best else {
             // What a regeneration kept yields when memory runs out: released,
             // it is an ordinary candidate again.
-            if self.memo_on && !self.memo_kept.is_empty() {
-                self.memo_on = false;
-                for s in std::mem::take(&mut self.memo_kept) {
+            if self.keeping == Keeping::On && !self.kept.is_empty() {
+                self.keeping = Keeping::Off;
+                for s in std::mem::take(&mut self.kept) {
                     self.unpin_storage(s, true);
                 }
                 return Ok(true);
@@ -268,7 +260,7 @@ impl<V> Runtime<V> {
         for s in unique {
             self.graph.st_mut(s).last_used = now;
             if keep {
-                self.memo_kept.push(s);
+                self.kept.push(s);
             } else {
                 self.unpin_storage(s, true);
             }
