@@ -276,30 +276,35 @@ fn an_impossible_budget_stays_a_typed_error_across_iterations() {
     );
 }
 
+/// `name` replayed as `iterations` training iterations at `ratio` of its peak,
+/// physical budget, the default policy and configuration.
+fn replay_trace(name: &str, ratio: f64, iterations: usize) -> remat_dtr::replay::ReplayReport {
+    let path = remat_trace::find_trace(name).unwrap_or_else(|| panic!("trace {name} not found"));
+    let trace = remat_trace::Trace::load(&path).unwrap();
+    remat_dtr::replay::replay_ratio_iterations(
+        &trace,
+        ratio,
+        BudgetMode::Physical,
+        remat_dtr::PolicyKind::Remat,
+        &DtrConfig::default(),
+        iterations,
+    )
+    .unwrap()
+}
+
 /// On the DTR paper's traces replayed as three iterations under a physical
 /// budget: the last iteration follows its plan with no divergence, costs no more
 /// than the first, and its arena fits the budget. treelstm at 0.3 is the cell
 /// where the first iteration's caching allocator fragments: it must finish.
 #[test]
 fn traces_replayed_as_iterations_settle_on_a_plan() {
-    use remat_dtr::replay::{replay_ratio_iterations, ReplayStatus};
-    use remat_dtr::PolicyKind;
-    use remat_trace::{find_trace, require_traces, Trace};
+    use remat_dtr::replay::ReplayStatus;
+    use remat_trace::require_traces;
     if require_traces("traces_replayed_as_iterations_settle_on_a_plan").is_none() {
         return;
     }
     for (name, ratio) in [("lstm", 0.4), ("treelstm", 0.3), ("resnet32", 0.5)] {
-        let path = find_trace(name).unwrap_or_else(|| panic!("trace {name} not found"));
-        let trace = Trace::load(&path).unwrap();
-        let r = replay_ratio_iterations(
-            &trace,
-            ratio,
-            BudgetMode::Physical,
-            PolicyKind::Remat,
-            &DtrConfig::default(),
-            3,
-        )
-        .unwrap();
+        let r = replay_trace(name, ratio, 3);
         assert_eq!(r.status, ReplayStatus::Ok, "{name}: {:?}", r.iterations);
         let last = r.iterations.last().unwrap();
         assert!(last.planned, "{name}: {:?}", r.iterations);
@@ -325,24 +330,14 @@ fn traces_replayed_as_iterations_settle_on_a_plan() {
 /// second iteration follows a plan.
 #[test]
 fn a_thrashing_first_iteration_is_rescued_and_the_next_one_is_planned() {
-    use remat_dtr::replay::{replay_ratio_iterations, ReplayStatus};
-    use remat_dtr::PolicyKind;
-    use remat_trace::{find_trace, require_traces, Trace};
+    use remat_dtr::replay::ReplayStatus;
+    use remat_trace::require_traces;
     if require_traces("a_thrashing_first_iteration_is_rescued_and_the_next_one_is_planned")
         .is_none()
     {
         return;
     }
-    let trace = Trace::load(&find_trace("lstm").expect("trace lstm not found")).unwrap();
-    let r = replay_ratio_iterations(
-        &trace,
-        0.25,
-        BudgetMode::Physical,
-        PolicyKind::Remat,
-        &DtrConfig::default(),
-        2,
-    )
-    .unwrap();
+    let r = replay_trace("lstm", 0.25, 2);
     assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
     assert_eq!(
         r.iterations[0].status,
@@ -365,22 +360,12 @@ fn a_thrashing_first_iteration_is_rescued_and_the_next_one_is_planned() {
 /// it follow it.
 #[test]
 fn a_rescued_iteration_is_followed_by_its_plan() {
-    use remat_dtr::replay::{replay_ratio_iterations, ReplayStatus};
-    use remat_dtr::PolicyKind;
-    use remat_trace::{find_trace, require_traces, Trace};
+    use remat_dtr::replay::ReplayStatus;
+    use remat_trace::require_traces;
     if require_traces("a_rescued_iteration_is_followed_by_its_plan").is_none() {
         return;
     }
-    let trace = Trace::load(&find_trace("treelstm").expect("trace treelstm not found")).unwrap();
-    let r = replay_ratio_iterations(
-        &trace,
-        0.25,
-        BudgetMode::Physical,
-        PolicyKind::Remat,
-        &DtrConfig::default(),
-        3,
-    )
-    .unwrap();
+    let r = replay_trace("treelstm", 0.25, 3);
     assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
     assert!(!r.iterations[0].planned, "{:?}", r.iterations);
     assert!(r.iterations[0].rescued, "{:?}", r.iterations);
