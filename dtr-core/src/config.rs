@@ -372,8 +372,8 @@ pub enum ConfigError {
     /// A key remat-dtr does not know.
     #[error(
         "REMAT_DTR_CONF: unknown key `{0}` (known: budget, budget_mode, policy, sampling, filter, \
-         min_evictee_bytes, threshold, seed, expandable_segments, megengine_cost, megengine_memory, \
-         megengine_staleness, megengine_recompute)"
+         min_evictee_bytes, threshold, seed, expandable_segments, plan_ahead, plan_background, \
+         thrash_rescue, megengine_cost, megengine_memory, megengine_staleness, megengine_recompute)"
     )]
     UnknownKey(String),
     /// A known key with a bad value.
