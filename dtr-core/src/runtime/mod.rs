@@ -227,8 +227,19 @@ impl<V> Runtime<V> {
         &*self.memory
     }
 
-    /// Name of the policy in use.
+    /// Name of the configured policy (the one this runtime was built with or
+    /// given), also while a thrash rescue runs another one until the
+    /// iteration's boundary: what reports name.
     pub fn policy_name(&self) -> &'static str {
+        match &self.iter.set_aside_policy {
+            Some(configured) => configured.name(),
+            None => self.policy.name(),
+        }
+    }
+
+    /// Name of the policy deciding now: the configured one, or the rescue's
+    /// (`msps`) while a losing iteration runs under it.
+    pub fn active_policy_name(&self) -> &'static str {
         self.policy.name()
     }
 
