@@ -6,7 +6,9 @@
 //! - `trace_replay`: remat-alloc vs the `offset-allocator` crate (O(1) TLSF-style)
 //!   replaying the same alloc/free sequence: the storage lifetimes of the DTR
 //!   paper's traces, through the locking API (`remat-alloc`) and through one batch
-//!   (`remat-alloc-batch`). Throughput is set in ops, so criterion reports ops/s;
+//!   (`remat-alloc-batch`), each from an empty cache, and again from a cache
+//!   warmed by one replay (`remat-alloc-warm`, `remat-alloc-batch-warm`: a
+//!   training step after the first). Throughput is set in ops, so criterion reports ops/s;
 //!   the table in docs/benchmarks.md gives ns/op and the ratio.
 //!
 //! Run: `cargo bench --bench allocator` (traces from `REMAT_TRACES_DIR`, default
@@ -179,6 +181,32 @@ fn replay_remat_batch(
     ops
 }
 
+/// Frees what a replay left live (the warm replays end with it, so that each
+/// starts from the same cache); returns the number of frees.
+fn free_left(a: &CachingAllocator<SimulatedDevice>, live: &mut [Option<Allocation>]) -> usize {
+    let mut g = a.batch();
+    let mut ops = 0;
+    for x in live.iter_mut().filter_map(Option::take) {
+        g.free(x).unwrap();
+        ops += 1;
+    }
+    ops
+}
+
+/// An allocator whose cache holds what one replay of `events` left in it
+/// (every storage freed again): a training step after the first.
+fn warmed(events: &[StorageEvent], storages: usize) -> CachingAllocator<SimulatedDevice> {
+    let a = CachingAllocator::new(
+        SimulatedDevice::new(UNBOUNDED_CAPACITY),
+        AllocatorConfig::default(),
+    )
+    .unwrap();
+    let mut live = vec![None; storages];
+    replay_remat_batch(&a, events, &mut live);
+    free_left(&a, &mut live);
+    a
+}
+
 /// Replays `events` through offset-allocator in 512-byte units (the same
 /// granularity as remat-alloc's rounding; its sizes are `u32`).
 fn replay_offset(
@@ -275,6 +303,35 @@ fn trace_replay(c: &mut Criterion) {
                 BatchSize::LargeInput,
             )
         });
+        // Warm: the cache already holds the segments of a previous replay, as
+        // in every training step after the first (no device allocation; the
+        // cached blocks are split and merged instead). Each replay also frees
+        // what it left live, counted in its ops.
+        let warm_ops = {
+            let a = warmed(&events, storages);
+            let mut live = vec![None; storages];
+            replay_remat(&a, &events, &mut live) + free_left(&a, &mut live)
+        };
+        g.throughput(Throughput::Elements(warm_ops as u64));
+        g.bench_function(format!("{}/remat-alloc-warm", trace.name), |b| {
+            b.iter_batched(
+                || (warmed(&events, storages), vec![None; storages]),
+                |(a, mut live)| {
+                    black_box(replay_remat(&a, &events, &mut live) + free_left(&a, &mut live))
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_function(format!("{}/remat-alloc-batch-warm", trace.name), |b| {
+            b.iter_batched(
+                || (warmed(&events, storages), vec![None; storages]),
+                |(a, mut live)| {
+                    black_box(replay_remat_batch(&a, &events, &mut live) + free_left(&a, &mut live))
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.throughput(Throughput::Elements(stats.ops as u64));
         let arena = total_units.min(u64::from(u32::MAX) - 1) as u32;
         g.bench_function(format!("{}/offset-allocator", trace.name), |b| {
             b.iter_batched(

@@ -18,10 +18,23 @@
 //! - `adj`: `adjacent_free_size` inside one `inspect`;
 //! - `seg`: malloc of a new 64 MiB segment, free, `empty_cache`;
 //! - `trace FILE N`: replay a DTR-paper trace's storage lifetimes `N` times, each
-//!   in a fresh allocator (subtract `trace FILE 0`, which only loads the trace;
-//!   or count only `--toggle-collect=hot_loop::replay_events`);
-//! - `trace-batch FILE N`: the same, each replay in one `batch()`
-//!   (`hot_loop::replay_events_batch`).
+//!   in a fresh allocator;
+//! - `trace-batch FILE N`: the same, each replay in one `batch()`;
+//! - `trace-warm FILE N`, `trace-batch-warm FILE N`: one allocator for every
+//!   replay, warmed by one replay first (a training step after the first: the
+//!   cache holds the segments), each replay followed by freeing what it left
+//!   live;
+//! - `trace-offset FILE N`: the same replays through the `offset-allocator`
+//!   crate (the benchmarks' O(1) baseline), in 512-byte units, each in a
+//!   fresh allocator.
+//!
+//! For the replays alone, without loading the trace or building the
+//! allocators, count only the per-replay functions:
+//! `--toggle-collect=hot_loop::remat_once` (add
+//! `--toggle-collect=hot_loop::free_left` for the warm modes' frees of what a
+//! replay left live) or `--toggle-collect=hot_loop::offset_once`, and divide
+//! by `N` (for the warm modes, first subtract the count of `N` = 0, whose one
+//! replay warms the cache).
 
 use remat_alloc::{Allocation, AllocatorConfig, CachingAllocator, SimulatedDevice, StreamId};
 use remat_trace::{storage_events, StorageEvent, Trace};
@@ -31,36 +44,100 @@ use std::process::ExitCode;
 const S: StreamId = StreamId::DEFAULT;
 const MB: usize = 1 << 20;
 
-fn replay(path: &str, reps: usize, batch: bool) -> Result<(), String> {
-    let trace = Trace::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
-    let events = storage_events(&trace).map_err(|e| e.to_string())?;
-    if batch {
-        replay_events_batch(&events, reps)
-    } else {
-        replay_events(&events, reps)
-    }
+/// How a trace is replayed.
+#[derive(Clone, Copy, PartialEq)]
+enum Replay {
+    /// remat-alloc through the locking API.
+    Locked,
+    /// remat-alloc through one `batch()` per replay.
+    Batch,
+    /// The `offset-allocator` crate.
+    Offset,
 }
 
-/// The replays alone, apart from loading the trace, for
-/// `valgrind --tool=callgrind --toggle-collect=hot_loop::replay_events`.
-#[inline(never)]
-fn replay_events(events: &[StorageEvent], reps: usize) -> Result<(), String> {
+fn replay(path: &str, reps: usize, how: Replay, warm: bool) -> Result<(), String> {
+    let trace = Trace::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
+    let events = storage_events(&trace).map_err(|e| e.to_string())?;
     let storages = events
         .iter()
         .filter(|e| matches!(e, StorageEvent::Alloc { .. }))
         .count();
-    for _ in 0..reps {
-        let a = CachingAllocator::new(SimulatedDevice::new(1 << 50), AllocatorConfig::default())
-            .map_err(|e| e.to_string())?;
-        let mut live: Vec<Option<Allocation>> = vec![None; storages];
+    let fresh = || {
+        CachingAllocator::new(SimulatedDevice::new(1 << 50), AllocatorConfig::default())
+            .map_err(|e| e.to_string())
+    };
+    let mut live: Vec<Option<Allocation>> = vec![None; storages];
+    match (how, warm) {
+        (Replay::Offset, _) => {
+            let units: u64 = events
+                .iter()
+                .map(|e| match e {
+                    StorageEvent::Alloc { bytes, .. } => bytes.div_ceil(512),
+                    _ => 0,
+                })
+                .sum();
+            let arena = units.min(u64::from(u32::MAX) - 1) as u32;
+            let mut live = vec![None; storages];
+            for _ in 0..reps {
+                let mut a = offset_allocator::Allocator::new(arena);
+                offset_once(&mut a, &events, &mut live)?;
+                live.iter_mut().for_each(|x| *x = None);
+                black_box(&a);
+            }
+        }
+        (_, false) => {
+            for _ in 0..reps {
+                let a = fresh()?;
+                remat_once(&a, &events, &mut live, how == Replay::Batch)?;
+                live.iter_mut().for_each(|x| *x = None);
+            }
+        }
+        (_, true) => {
+            let a = fresh()?;
+            for _ in 0..=reps {
+                remat_once(&a, &events, &mut live, how == Replay::Batch)?;
+                free_left(&a, &mut live)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One replay of `events` on `a` (for
+/// `--toggle-collect=hot_loop::remat_once`): through the locking API, or in
+/// one `batch()`.
+#[inline(never)]
+fn remat_once(
+    a: &CachingAllocator<SimulatedDevice>,
+    events: &[StorageEvent],
+    live: &mut [Option<Allocation>],
+    batch: bool,
+) -> Result<(), String> {
+    let err = |e: remat_alloc::Error| e.to_string();
+    if batch {
+        let mut g = a.batch();
         for e in events {
             match *e {
                 StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
-                    live[storage] = Some(a.malloc(bytes as usize, S).map_err(|e| e.to_string())?);
+                    live[storage] = Some(g.malloc(bytes as usize, S).map_err(err)?);
                 }
                 StorageEvent::Free { storage, .. } => {
                     if let Some(x) = live[storage].take() {
-                        a.free(x).map_err(|e| e.to_string())?;
+                        g.free(x).map_err(err)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    } else {
+        for e in events {
+            match *e {
+                StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
+                    live[storage] = Some(a.malloc(bytes as usize, S).map_err(err)?);
+                }
+                StorageEvent::Free { storage, .. } => {
+                    if let Some(x) = live[storage].take() {
+                        a.free(x).map_err(err)?;
                     }
                 }
                 _ => {}
@@ -70,30 +147,41 @@ fn replay_events(events: &[StorageEvent], reps: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// [`replay_events`] with each replay in one `batch()`.
+/// Frees what a replay left live (the warm modes: each replay then starts
+/// from the same cache).
 #[inline(never)]
-fn replay_events_batch(events: &[StorageEvent], reps: usize) -> Result<(), String> {
-    let storages = events
-        .iter()
-        .filter(|e| matches!(e, StorageEvent::Alloc { .. }))
-        .count();
-    for _ in 0..reps {
-        let a = CachingAllocator::new(SimulatedDevice::new(1 << 50), AllocatorConfig::default())
-            .map_err(|e| e.to_string())?;
-        let mut live: Vec<Option<Allocation>> = vec![None; storages];
-        let mut g = a.batch();
-        for e in events {
-            match *e {
-                StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
-                    live[storage] = Some(g.malloc(bytes as usize, S).map_err(|e| e.to_string())?);
-                }
-                StorageEvent::Free { storage, .. } => {
-                    if let Some(x) = live[storage].take() {
-                        g.free(x).map_err(|e| e.to_string())?;
-                    }
-                }
-                _ => {}
+fn free_left(
+    a: &CachingAllocator<SimulatedDevice>,
+    live: &mut [Option<Allocation>],
+) -> Result<(), String> {
+    for x in live.iter_mut().filter_map(Option::take) {
+        a.free(x).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// One replay through `offset-allocator`, in 512-byte units (its sizes are
+/// `u32`), without building it (`--toggle-collect=hot_loop::offset_once`).
+#[inline(never)]
+fn offset_once(
+    a: &mut offset_allocator::Allocator,
+    events: &[StorageEvent],
+    live: &mut [Option<offset_allocator::Allocation>],
+) -> Result<(), String> {
+    for e in events {
+        match *e {
+            StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
+                let x = a
+                    .allocate(bytes.div_ceil(512) as u32)
+                    .ok_or("offset-allocator: arena full")?;
+                live[storage] = Some(x);
             }
+            StorageEvent::Free { storage, .. } => {
+                if let Some(x) = live[storage].take() {
+                    a.free(x);
+                }
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -161,8 +249,11 @@ fn main() -> ExitCode {
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
     let count = |i: usize| arg(i).parse::<usize>().ok();
     let result = match (arg(1), count(2), count(3)) {
-        ("trace", _, Some(reps)) => replay(arg(2), reps, false),
-        ("trace-batch", _, Some(reps)) => replay(arg(2), reps, true),
+        ("trace", _, Some(reps)) => replay(arg(2), reps, Replay::Locked, false),
+        ("trace-batch", _, Some(reps)) => replay(arg(2), reps, Replay::Batch, false),
+        ("trace-warm", _, Some(reps)) => replay(arg(2), reps, Replay::Locked, true),
+        ("trace-batch-warm", _, Some(reps)) => replay(arg(2), reps, Replay::Batch, true),
+        ("trace-offset", _, Some(reps)) => replay(arg(2), reps, Replay::Offset, false),
         (mode, Some(n), _) if !mode.starts_with("trace") => run(mode, n).map_err(|e| e.to_string()),
         _ => Err("usage: hot_loop MODE N | hot_loop trace FILE N (see the source)".into()),
     };
