@@ -262,10 +262,16 @@ fn trace_replay(c: &mut Criterion) {
             })
             .sum();
         let stats = replay(&events, AllocatorConfig::default()).unwrap();
+        let warm_ops = {
+            let a = warmed(&events, storages);
+            let mut live = vec![None; storages];
+            replay_remat(&a, &events, &mut live) + free_left(&a, &mut live)
+        };
         println!(
-            "{}: {} ops, max live {} B, remat-alloc reserved peak {} B ({:.4}x max live)",
+            "{}: {} ops ({} warm: the frees of what a replay leaves live added), max live {} B, remat-alloc reserved peak {} B ({:.4}x max live)",
             trace.name,
             stats.ops,
+            warm_ops,
             stats.max_live_bytes,
             stats.peak_reserved_bytes,
             stats.reserved_over_live()
@@ -307,11 +313,6 @@ fn trace_replay(c: &mut Criterion) {
         // in every training step after the first (no device allocation; the
         // cached blocks are split and merged instead). Each replay also frees
         // what it left live, counted in its ops.
-        let warm_ops = {
-            let a = warmed(&events, storages);
-            let mut live = vec![None; storages];
-            replay_remat(&a, &events, &mut live) + free_left(&a, &mut live)
-        };
         g.throughput(Throughput::Elements(warm_ops as u64));
         g.bench_function(format!("{}/remat-alloc-warm", trace.name), |b| {
             b.iter_batched(
