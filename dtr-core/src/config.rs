@@ -315,6 +315,26 @@ impl DtrConfig {
         self
     }
 
+    /// Every key [`DtrConfig::parse`] knows.
+    pub const KEYS: &'static [&'static str] = &[
+        "budget",
+        "budget_mode",
+        "policy",
+        "sampling",
+        "filter",
+        "min_evictee_bytes",
+        "threshold",
+        "seed",
+        "expandable_segments",
+        "plan_ahead",
+        "plan_background",
+        "thrash_rescue",
+        "megengine_cost",
+        "megengine_memory",
+        "megengine_staleness",
+        "megengine_recompute",
+    ];
+
     /// Parse `key:value,key:value` (whitespace around items is ignored; an empty
     /// string is the default config).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -370,11 +390,7 @@ pub enum ConfigError {
     #[error("REMAT_DTR_CONF: `{0}` is not `key:value`")]
     Syntax(String),
     /// A key remat-dtr does not know.
-    #[error(
-        "REMAT_DTR_CONF: unknown key `{0}` (known: budget, budget_mode, policy, sampling, filter, \
-         min_evictee_bytes, threshold, seed, expandable_segments, plan_ahead, plan_background, \
-         thrash_rescue, megengine_cost, megengine_memory, megengine_staleness, megengine_recompute)"
-    )]
+    #[error("REMAT_DTR_CONF: unknown key `{0}` (known: {keys})", keys = DtrConfig::KEYS.join(", "))]
     UnknownKey(String),
     /// A known key with a bad value.
     #[error("REMAT_DTR_CONF: bad value `{value}` for `{key}`: expected {expected}")]
@@ -496,6 +512,32 @@ mod tests {
         assert!(DtrConfig::parse("budget:12XB").is_err());
         assert!(DtrConfig::parse("sampling:maybe").is_err());
         assert!(DtrConfig::parse("budget:99999999999999999999").is_err());
+    }
+
+    #[test]
+    fn every_listed_key_is_known_and_every_known_key_is_listed() {
+        for key in DtrConfig::KEYS {
+            // A bad value for a known key is a BadValue, never UnknownKey.
+            let err = DtrConfig::parse(&format!("{key}:\u{1}")).unwrap_err();
+            assert!(!matches!(err, ConfigError::UnknownKey(_)), "{key}: {err}");
+        }
+        // The keys of the module doc's table are the listed ones.
+        let doc = include_str!("config.rs");
+        let mut documented: Vec<&str> = doc
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .filter_map(|l| l.strip_prefix("//! | `"))
+            .flat_map(|l| {
+                let cell = l.split(" |").next().unwrap_or("");
+                cell.split(", ").map(|k| k.trim_matches('`'))
+            })
+            .collect();
+        let mut listed = DtrConfig::KEYS.to_vec();
+        listed.sort_unstable();
+        documented.sort_unstable();
+        assert_eq!(documented, listed);
+        let msg = ConfigError::UnknownKey("bogus".into()).to_string();
+        assert!(DtrConfig::KEYS.iter().all(|k| msg.contains(k)), "{msg}");
     }
 
     #[test]
