@@ -15,7 +15,8 @@
 //! - `large`: malloc+free of 20 MiB, split from a cached 22 MiB block and merged back;
 //! - `small`: malloc+free of 4 KiB, split from the small segment and merged back;
 //! - `batch-exact`, `batch-large`, `batch-small`: the same inside one `batch()`;
-//! - `adj`: `adjacent_free_size` inside one `inspect`;
+//! - `adj`: `adjacent_free_size` inside one `inspect`; `batch-adj`: inside one
+//!   `batch()`;
 //! - `seg`: malloc of a new 64 MiB segment, free, `empty_cache`;
 //! - `trace FILE N`: replay a DTR-paper trace's storage lifetimes `N` times, each
 //!   in a fresh allocator;
@@ -227,6 +228,16 @@ fn run(mode: &str, n: usize) -> Result<(), remat_alloc::Error> {
                 }
                 Ok::<_, remat_alloc::Error>(())
             })?;
+            a.free(m)?;
+        }
+        "batch-adj" => {
+            let m = a.malloc(4 * MB, S)?;
+            {
+                let mut g = a.batch();
+                for _ in 0..n {
+                    black_box(g.adjacent_free_size(black_box(&m)))?;
+                }
+            }
             a.free(m)?;
         }
         "seg" => {
