@@ -182,13 +182,26 @@ fn replay_remat_batch(
 }
 
 /// Frees what a replay left live (the warm replays end with it, so that each
-/// starts from the same cache); returns the number of frees.
-fn free_left(a: &CachingAllocator<SimulatedDevice>, live: &mut [Option<Allocation>]) -> usize {
-    let mut g = a.batch();
+/// starts from the same cache), through the locking API or one batch; returns
+/// the number of frees.
+fn free_left(
+    a: &CachingAllocator<SimulatedDevice>,
+    live: &mut [Option<Allocation>],
+    batch: bool,
+) -> usize {
+    let left = live.iter_mut().filter_map(Option::take);
     let mut ops = 0;
-    for x in live.iter_mut().filter_map(Option::take) {
-        g.free(x).unwrap();
-        ops += 1;
+    if batch {
+        let mut g = a.batch();
+        for x in left {
+            g.free(x).unwrap();
+            ops += 1;
+        }
+    } else {
+        for x in left {
+            a.free(x).unwrap();
+            ops += 1;
+        }
     }
     ops
 }
@@ -203,7 +216,7 @@ fn warmed(events: &[StorageEvent], storages: usize) -> CachingAllocator<Simulate
     .unwrap();
     let mut live = vec![None; storages];
     replay_remat_batch(&a, events, &mut live);
-    free_left(&a, &mut live);
+    free_left(&a, &mut live, true);
     a
 }
 
@@ -265,7 +278,7 @@ fn trace_replay(c: &mut Criterion) {
         let warm_ops = {
             let a = warmed(&events, storages);
             let mut live = vec![None; storages];
-            replay_remat(&a, &events, &mut live) + free_left(&a, &mut live)
+            replay_remat(&a, &events, &mut live) + free_left(&a, &mut live, false)
         };
         println!(
             "{}: {} ops ({} warm: the frees of what a replay leaves live added), max live {} B, remat-alloc reserved peak {} B ({:.4}x max live)",
@@ -318,7 +331,9 @@ fn trace_replay(c: &mut Criterion) {
             b.iter_batched(
                 || (warmed(&events, storages), vec![None; storages]),
                 |(a, mut live)| {
-                    black_box(replay_remat(&a, &events, &mut live) + free_left(&a, &mut live))
+                    black_box(
+                        replay_remat(&a, &events, &mut live) + free_left(&a, &mut live, false),
+                    )
                 },
                 BatchSize::LargeInput,
             )
@@ -327,7 +342,9 @@ fn trace_replay(c: &mut Criterion) {
             b.iter_batched(
                 || (warmed(&events, storages), vec![None; storages]),
                 |(a, mut live)| {
-                    black_box(replay_remat_batch(&a, &events, &mut live) + free_left(&a, &mut live))
+                    black_box(
+                        replay_remat_batch(&a, &events, &mut live) + free_left(&a, &mut live, true),
+                    )
                 },
                 BatchSize::LargeInput,
             )
