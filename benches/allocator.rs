@@ -327,28 +327,27 @@ fn trace_replay(c: &mut Criterion) {
         // cached blocks are split and merged instead). Each replay also frees
         // what it left live, counted in its ops.
         g.throughput(Throughput::Elements(warm_ops as u64));
-        g.bench_function(format!("{}/remat-alloc-warm", trace.name), |b| {
-            b.iter_batched(
-                || (warmed(&events, storages), vec![None; storages]),
-                |(a, mut live)| {
-                    black_box(
-                        replay_remat(&a, &events, &mut live) + free_left(&a, &mut live, false),
-                    )
-                },
-                BatchSize::LargeInput,
-            )
-        });
-        g.bench_function(format!("{}/remat-alloc-batch-warm", trace.name), |b| {
-            b.iter_batched(
-                || (warmed(&events, storages), vec![None; storages]),
-                |(a, mut live)| {
-                    black_box(
-                        replay_remat_batch(&a, &events, &mut live) + free_left(&a, &mut live, true),
-                    )
-                },
-                BatchSize::LargeInput,
-            )
-        });
+        for (name, batch) in [
+            ("remat-alloc-warm", false),
+            ("remat-alloc-batch-warm", true),
+        ] {
+            let replay_once = if batch {
+                replay_remat_batch
+            } else {
+                replay_remat
+            };
+            g.bench_function(format!("{}/{name}", trace.name), |b| {
+                b.iter_batched(
+                    || (warmed(&events, storages), vec![None; storages]),
+                    |(a, mut live)| {
+                        black_box(
+                            replay_once(&a, &events, &mut live) + free_left(&a, &mut live, batch),
+                        )
+                    },
+                    BatchSize::LargeInput,
+                )
+            });
+        }
         g.throughput(Throughput::Elements(stats.ops as u64));
         let arena = total_units.min(u64::from(u32::MAX) - 1) as u32;
         g.bench_function(format!("{}/offset-allocator", trace.name), |b| {

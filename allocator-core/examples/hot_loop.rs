@@ -67,7 +67,6 @@ fn replay(path: &str, reps: usize, how: Replay, warm: bool) -> Result<(), String
         CachingAllocator::new(SimulatedDevice::new(1 << 50), AllocatorConfig::default())
             .map_err(|e| e.to_string())
     };
-    let mut live: Vec<Option<Allocation>> = vec![None; storages];
     match (how, warm) {
         (Replay::Offset, _) => {
             let units: u64 = events
@@ -87,6 +86,7 @@ fn replay(path: &str, reps: usize, how: Replay, warm: bool) -> Result<(), String
             }
         }
         (_, false) => {
+            let mut live: Vec<Option<Allocation>> = vec![None; storages];
             for _ in 0..reps {
                 let a = fresh()?;
                 remat_once(&a, &events, &mut live, how == Replay::Batch)?;
@@ -95,6 +95,7 @@ fn replay(path: &str, reps: usize, how: Replay, warm: bool) -> Result<(), String
         }
         (_, true) => {
             let a = fresh()?;
+            let mut live: Vec<Option<Allocation>> = vec![None; storages];
             for _ in 0..=reps {
                 remat_once(&a, &events, &mut live, how == Replay::Batch)?;
                 free_left(&a, &mut live)?;
