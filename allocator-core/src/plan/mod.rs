@@ -27,6 +27,9 @@
 //!
 //! Every [`Plan`] carries [`max_live_bytes`], the lower bound of any plan, beside
 //! its arena, and [`verify`] checks a plan independently of how it was made.
+//! [`compact`] improves any valid plan afterwards: it lowers each chunk as far as
+//! the chunks alive beside it allow and shakes the plan (mirror, lower, mirror,
+//! lower) while that lowers the arena; it never raises it.
 //!
 //! ```
 //! use remat_alloc::plan::{plan, verify, Algorithm, Request};
@@ -66,10 +69,13 @@
 
 mod arena;
 mod best_fit;
+mod compact;
 mod greedy;
 mod seed_sim;
 #[cfg(test)]
 mod tests;
+
+pub use compact::{compact, compact_within};
 
 pub use arena::{
     ArenaAllocation, ArenaConfig, ArenaMode, ArenaSnapshot, ArenaStats, PlannedArena, PlannedBlock,

@@ -41,6 +41,76 @@ fn disjoint_lifetimes_share_memory() {
 }
 
 #[test]
+fn compaction_lowers_a_chunk_placed_too_high() {
+    // B could share A's bytes (their lifetimes are disjoint) but sits above them.
+    let r = [Request::new(100, 0, 2), Request::new(100, 2, 4)];
+    let p = Plan {
+        offsets: vec![0, 100],
+        arena_bytes: 200,
+        max_live_bytes: 100,
+    };
+    verify(&r, &p).unwrap();
+    let c = compact(&r, &p).unwrap();
+    verify(&r, &c).unwrap();
+    assert_eq!(c.offsets, vec![0, 0]);
+    assert_eq!(c.arena_bytes, 100);
+}
+
+#[test]
+fn compaction_returns_a_plan_it_cannot_improve_unchanged() {
+    let r = [Request::new(100, 0, 2), Request::new(50, 1, 4)];
+    let p = plan(&r, Algorithm::GreedyBySize).unwrap();
+    assert_eq!(compact(&r, &p).unwrap(), p);
+    // Offsets of other requests: not a plan of these, returned as given.
+    let wrong = Plan {
+        offsets: vec![0],
+        arena_bytes: 100,
+        max_live_bytes: 150,
+    };
+    assert_eq!(compact(&r, &wrong).unwrap(), wrong);
+}
+
+/// A plateau like an eviction schedule's: long-lived requests near the peak
+/// with short ones cutting across them (deterministic pseudo-random sizes and
+/// lifetimes). Compaction must lower every constructive planner's arena here.
+#[test]
+fn compaction_lowers_plateau_plans() {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    let mut r = Vec::new();
+    for _ in 0..400 {
+        let start = next(1000) as usize;
+        let len = if next(4) == 0 {
+            200 + next(600)
+        } else {
+            1 + next(20)
+        } as usize;
+        r.push(Request::new(512 * (1 + next(64)), start, start + len));
+    }
+    for a in [Algorithm::GreedyBySize, Algorithm::SeedSim] {
+        let p = plan(&r, a).unwrap();
+        let c = compact(&r, &p).unwrap();
+        verify(&r, &c).unwrap();
+        assert!(
+            c.arena_bytes < p.arena_bytes,
+            "{a}: {} not below {}",
+            c.arena_bytes,
+            p.arena_bytes
+        );
+        eprintln!(
+            "{a}: {:.2} % over max-live, compacted {:.2} %",
+            p.over_lower_bound_pct(),
+            c.over_lower_bound_pct()
+        );
+    }
+}
+
+#[test]
 fn greedy_takes_the_smallest_fitting_gap() {
     let r = [
         Request::new(100, 0, 10), // A at 0
@@ -475,6 +545,27 @@ proptest! {
         p.offsets[v] = to;
         p.arena_bytes = p.arena_bytes.max(to + r[v].size);
         prop_assert_eq!(verify(&r, &p).is_ok(), brute_ok(&r, &p));
+    }
+
+    /// Compaction keeps every plan valid and never raises its arena.
+    #[test]
+    fn compacted_plans_are_valid_and_never_larger(
+        plain in plain_requests(40),
+        chains in overwrite_requests(30, true),
+        trees in overwrite_requests(30, false),
+    ) {
+        for r in [plain, chains, trees] {
+            let Ok(plans) = Algorithm::ALL.into_iter().map(|a| plan(&r, a).map(|p| (a, p))).collect::<Result<Vec<_>, _>>() else {
+                continue; // a real overwrite conflict: nothing to compact
+            };
+            for (a, p) in plans {
+                let c = compact(&r, &p).unwrap();
+                prop_assert!(verify(&r, &c).is_ok(), "{a}: {:?}", verify(&r, &c));
+                prop_assert!(brute_ok(&r, &c), "{a}");
+                prop_assert!(c.arena_bytes <= p.arena_bytes, "{a}: {} > {}", c.arena_bytes, p.arena_bytes);
+                prop_assert_eq!(c.max_live_bytes, p.max_live_bytes);
+            }
+        }
     }
 
     /// Arbitrary (possibly invalid) requests never panic.
