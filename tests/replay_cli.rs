@@ -1,6 +1,7 @@
-//! `remat replay` from the command line, on a small trace written here: the
-//! `--json` object carries the fields the replayer promises, `--oracle` and
-//! `--alloc-conf` take effect, and bad values are errors that say what is allowed.
+//! `remat replay` (and `remat plan --compact`) from the command line, on a small
+//! trace written here: the `--json` object carries the fields the replayer
+//! promises, `--oracle` and `--alloc-conf` take effect, and bad values are errors
+//! that say what is allowed.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -178,4 +179,27 @@ fn iteration_options_that_do_not_go_together_are_errors() {
         err.contains("--oracle") && err.contains("one iteration"),
         "{err}"
     );
+}
+
+#[test]
+fn plan_compact_adds_a_verified_row_per_algorithm_never_larger() {
+    let path = write_trace();
+    let out = remat(&[
+        "plan",
+        path.to_str().unwrap(),
+        "--no-caching",
+        "--compact",
+        "--json",
+    ]);
+    let rows = json(&out);
+    let rows = rows.as_array().expect("an array of rows");
+    assert_eq!(rows.len(), 6, "three algorithms, each plain and compacted");
+    for pair in rows.chunks(2) {
+        let (plain, compacted) = (&pair[0], &pair[1]);
+        let name = plain["algo"].as_str().unwrap();
+        assert_eq!(compacted["algo"], format!("{name}+compact"));
+        assert_eq!(compacted["verified"], true);
+        assert!(compacted["arena_bytes"].as_u64() <= plain["arena_bytes"].as_u64());
+        assert!(compacted["arena_bytes"].as_u64() >= compacted["max_live_bytes"].as_u64());
+    }
 }

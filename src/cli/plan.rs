@@ -30,13 +30,18 @@ pub struct PlanArgs {
     /// Skip the caching-allocator column (replaying it takes a moment).
     #[arg(long)]
     pub no_caching: bool,
+    /// Also compact each algorithm's plan (`remat_alloc::plan::compact`) and
+    /// print it as a row of its own, `<algo>+compact` (its `plan_ms` includes
+    /// the algorithm's).
+    #[arg(long)]
+    pub compact: bool,
 }
 
 /// One row of the output.
 #[derive(Debug, Clone)]
 struct Row {
     trace: String,
-    algo: &'static str,
+    algo: String,
     requests: usize,
     max_live_bytes: u64,
     arena_bytes: u64,
@@ -66,26 +71,29 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn Error>> {
         for &algo in &algos {
             let t0 = Instant::now();
             let p = plan::plan(&requests, algo)?;
-            let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let verified = match plan::verify(&requests, &p) {
-                Ok(()) => true,
-                Err(v) => {
+            let mut planned = vec![(algo.name().to_string(), p, t0.elapsed())];
+            if args.compact {
+                let c = plan::compact(&requests, &planned[0].1)?;
+                planned.push((format!("{}+compact", algo.name()), c, t0.elapsed()));
+            }
+            for (name, p, took) in planned {
+                if let Err(v) = plan::verify(&requests, &p) {
                     return Err(
-                        format!("{}: {algo} produced an invalid plan: {v}", trace.name).into(),
-                    )
+                        format!("{}: {name} produced an invalid plan: {v}", trace.name).into(),
+                    );
                 }
-            };
-            rows.push(Row {
-                trace: trace.name.clone(),
-                algo: algo.name(),
-                requests: requests.len(),
-                max_live_bytes: p.max_live_bytes,
-                arena_bytes: p.arena_bytes,
-                over_lower_bound_pct: p.over_lower_bound_pct(),
-                plan_ms,
-                verified,
-                caching_reserved_peak_bytes: caching,
-            });
+                rows.push(Row {
+                    trace: trace.name.clone(),
+                    algo: name,
+                    requests: requests.len(),
+                    max_live_bytes: p.max_live_bytes,
+                    arena_bytes: p.arena_bytes,
+                    over_lower_bound_pct: p.over_lower_bound_pct(),
+                    plan_ms: took.as_secs_f64() * 1e3,
+                    verified: true,
+                    caching_reserved_peak_bytes: caching,
+                });
+            }
         }
     }
     if args.json {
@@ -171,7 +179,7 @@ fn pct(x: u64, base: u64) -> f64 {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<12} {:<15} {:>8} {:>15} {:>15} {:>20} {:>9} {:>8} {:>15} {:>11}",
+        "{:<12} {:<22} {:>8} {:>15} {:>15} {:>20} {:>9} {:>8} {:>15} {:>11}",
         "trace",
         "algo",
         "requests",
@@ -189,7 +197,7 @@ fn print_table(rows: &[Row]) {
             None => ("-".into(), "-".into()),
         };
         println!(
-            "{:<12} {:<15} {:>8} {:>15} {:>15} {:>20.4} {:>9.2} {:>8} {:>15} {:>11}",
+            "{:<12} {:<22} {:>8} {:>15} {:>15} {:>20.4} {:>9.2} {:>8} {:>15} {:>11}",
             r.trace,
             r.algo,
             r.requests,

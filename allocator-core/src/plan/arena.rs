@@ -57,6 +57,10 @@ pub struct ArenaConfig {
     /// keeps the smallest arena (planning happens once per pattern, and 5k
     /// requests plan in milliseconds).
     pub algorithm: Option<Algorithm>,
+    /// Compact the chosen plan ([`compact`](super::compact)) before allocating
+    /// the arena (default `true`): a smaller arena for a few hundred
+    /// milliseconds once per pattern at 5k requests.
+    pub compact: bool,
     /// Only allocations on this stream are planned.
     pub stream: StreamId,
 }
@@ -66,6 +70,7 @@ impl Default for ArenaConfig {
         ArenaConfig {
             record_iterations: 2,
             algorithm: None,
+            compact: true,
             stream: StreamId::DEFAULT,
         }
     }
@@ -349,7 +354,13 @@ impl<D: Device> PlannedArena<D> {
                 best = Some(p);
             }
         }
-        let planned = best.ok_or_else(|| Error::Internal("no planning algorithm ran".into()))?;
+        let mut planned =
+            best.ok_or_else(|| Error::Internal("no planning algorithm ran".into()))?;
+        if self.config.compact {
+            planned = super::compact(&requests, &planned).map_err(|e| {
+                Error::Internal(format!("compacting a recorded pattern's plan failed: {e}"))
+            })?;
+        }
         let offsets: Vec<Option<u64>> = request_of
             .iter()
             .map(|r| r.map(|i| planned.offsets[i]))
