@@ -41,8 +41,10 @@ pub fn compact(requests: &[Request], plan: &Plan) -> Result<Plan, PlanError> {
     compact_within(requests, plan, 0)
 }
 
-/// [`compact`], stopping as soon as the arena is at most `target` bytes (a
-/// caller that only needs the plan to fit a budget saves the remaining shakes).
+/// [`compact`] for a caller that only needs the plan to fit `target` bytes: it
+/// stops as soon as the arena is at most `target`, or when a shake gained less
+/// than is still missing (each shake gains less than the one before, so the
+/// next would not reach `target` either). `target` 0 compacts fully.
 pub fn compact_within(requests: &[Request], plan: &Plan, target: u64) -> Result<Plan, PlanError> {
     if plan.offsets.len() != requests.len() {
         // Not a plan of these requests: nothing to improve on.
@@ -73,9 +75,12 @@ pub fn compact_within(requests: &[Request], plan: &Plan, target: u64) -> Result<
             if top >= best_top {
                 break;
             }
+            let gained = best_top - top;
             best_top = top;
             best.clone_from(&pos);
-            if best_top <= target {
+            // Shakes gain less each time: when this one gained less than is
+            // still missing, the next cannot reach the target either.
+            if best_top <= target || (target > 0 && best_top - target > gained) {
                 break;
             }
         }
