@@ -27,16 +27,24 @@
 //! ones. A constructive order (largest first, or the order of a best-fit
 //! simulation) leaves holes under chunks placed before their neighbours were
 //! known; shaking settles them. Cost per gravity pass: for each chunk, a sort of
-//! its neighbours in time (`O(Σ k log k)`, `k` the chunks alive beside it).
+//! its neighbours in time (`O(Σ k log k)`, `k` the chunks alive beside it). Past
+//! 2²⁵ neighbour entries (128 MiB; e.g. ~5 800 requests all alive at once) a
+//! plan comes back unchanged rather than costing more memory and time.
 
 use super::{arena_of, forest, offsets_from_roots, units, Plan, PlanError, Request};
 
 /// Most shakes (mirror, gravity, mirror, gravity) per compaction.
 const MAX_SHAKES: usize = 2;
 
+/// Most neighbour entries (two per pair of chunks alive together, 4 B each:
+/// 128 MiB). Compaction's memory and time grow with them; past this many a
+/// plan comes back unchanged (all of 20 000 requests alive at once would need 1.6 GB).
+const MAX_NEIGHBOUR_ENTRIES: usize = 1 << 25;
+
 /// Lower `plan`'s chunks as far as the chunks they meet in time allow (see the
 /// module docs). The result is valid whenever `plan` is, and its arena is never
-/// larger: when compaction gains nothing, `plan` comes back unchanged.
+/// larger: when compaction gains nothing, or the requests have more pairs alive
+/// together than compaction takes on (2²⁴), `plan` comes back unchanged.
 pub fn compact(requests: &[Request], plan: &Plan) -> Result<Plan, PlanError> {
     compact_within(requests, plan, 0)
 }
@@ -60,7 +68,9 @@ pub fn compact_within(requests: &[Request], plan: &Plan, target: u64) -> Result<
     }
     let size: Vec<u64> = chunks.iter().map(|u| u.size).collect();
     let mut pos: Vec<u64> = chunks.iter().map(|u| plan.offsets[u.root]).collect();
-    let neighbours = neighbours_in_time(&chunks);
+    let Some(neighbours) = neighbours_in_time(&chunks) else {
+        return Ok(plan.clone());
+    };
     let chunk_valid = !any_overlap(&neighbours, &pos, &size);
 
     let mut scratch = Scratch::default();
@@ -116,26 +126,39 @@ impl Neighbours {
     }
 }
 
-fn neighbours_in_time(chunks: &[super::Unit]) -> Neighbours {
+/// `None` past [`MAX_NEIGHBOUR_ENTRIES`] (or more chunks than `u32` counts).
+fn neighbours_in_time(chunks: &[super::Unit]) -> Option<Neighbours> {
+    if u32::try_from(chunks.len()).is_err() {
+        return None;
+    }
     let mut order: Vec<usize> = (0..chunks.len()).collect();
     order.sort_by_key(|&c| chunks[c].start);
     // Pairs alive together: by start, each chunk with those that start before
-    // it ends. Counted first, then filled in place (CSR).
-    let each_pair = |f: &mut dyn FnMut(usize, usize)| {
+    // it ends. Counted first (stopping past the limit), then filled in place
+    // (CSR). `f` returns false to stop.
+    let each_pair = |f: &mut dyn FnMut(usize, usize) -> bool| {
         for (k, &a) in order.iter().enumerate() {
             for &b in &order[k + 1..] {
                 if chunks[b].start >= chunks[a].end {
                     break;
                 }
-                f(a, b);
+                if !f(a, b) {
+                    return;
+                }
             }
         }
     };
     let mut degree = vec![0usize; chunks.len() + 1];
+    let mut entries = 0usize;
     each_pair(&mut |a, b| {
         degree[a] += 1;
         degree[b] += 1;
+        entries += 2;
+        entries <= MAX_NEIGHBOUR_ENTRIES
     });
+    if entries > MAX_NEIGHBOUR_ENTRIES {
+        return None;
+    }
     let mut start = Vec::with_capacity(chunks.len() + 1);
     let mut total = 0;
     for d in &degree[..chunks.len()] {
@@ -150,8 +173,9 @@ fn neighbours_in_time(chunks: &[super::Unit]) -> Neighbours {
         fill[a] += 1;
         list[fill[b]] = a as u32;
         fill[b] += 1;
+        true
     });
-    Neighbours { start, list }
+    Some(Neighbours { start, list })
 }
 
 /// Whether two chunks alive together overlap in address.

@@ -70,6 +70,32 @@ fn compaction_returns_a_plan_it_cannot_improve_unchanged() {
     assert_eq!(compact(&r, &wrong).unwrap(), wrong);
 }
 
+#[test]
+fn compaction_leaves_inputs_past_its_pair_limit_unchanged() {
+    // 6 000 requests all alive together: 18 M pairs, past the limit of 2^24.
+    // Spread with gaps, they would compact to half the arena.
+    let r: Vec<Request> = (0..6000).map(|_| Request::new(512, 0, 1)).collect();
+    let p = Plan {
+        offsets: (0..6000).map(|i| i * 1024).collect(),
+        arena_bytes: 6000 * 1024,
+        max_live_bytes: 6000 * 512,
+    };
+    verify(&r, &p).unwrap();
+    assert_eq!(compact(&r, &p).unwrap(), p);
+    // Below the limit the same shape compacts.
+    let (r, p) = (
+        &r[..3000],
+        Plan {
+            offsets: p.offsets[..3000].to_vec(),
+            arena_bytes: 3000 * 1024,
+            max_live_bytes: 3000 * 512,
+        },
+    );
+    let c = compact(r, &p).unwrap();
+    verify(r, &c).unwrap();
+    assert_eq!(c.arena_bytes, 3000 * 512);
+}
+
 /// A plateau like an eviction schedule's: long-lived requests near the peak
 /// with short ones cutting across them (deterministic pseudo-random sizes and
 /// lifetimes). Compaction must lower every constructive planner's arena here.
