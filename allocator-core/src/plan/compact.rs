@@ -45,6 +45,12 @@ const MAX_NEIGHBOUR_ENTRIES: usize = 1 << 25;
 /// module docs). The result is valid whenever `plan` is, and its arena is never
 /// larger: when compaction gains nothing, or the requests have more pairs alive
 /// together than compaction takes on (2²⁴), `plan` comes back unchanged.
+///
+/// # Errors
+///
+/// The requests' own errors (as [`plan`](super::plan) reports them), and
+/// [`PlanError::PlanLengthMismatch`] when `plan` does not have one offset per
+/// request.
 pub fn compact(requests: &[Request], plan: &Plan) -> Result<Plan, PlanError> {
     compact_within(requests, plan, 0)
 }
@@ -55,8 +61,10 @@ pub fn compact(requests: &[Request], plan: &Plan) -> Result<Plan, PlanError> {
 /// next would not reach `target` either). `target` 0 compacts fully.
 pub fn compact_within(requests: &[Request], plan: &Plan, target: u64) -> Result<Plan, PlanError> {
     if plan.offsets.len() != requests.len() {
-        // Not a plan of these requests: nothing to improve on.
-        return Ok(plan.clone());
+        return Err(PlanError::PlanLengthMismatch {
+            offsets: plan.offsets.len(),
+            requests: requests.len(),
+        });
     }
     let f = forest(requests)?;
     let chunks: Vec<_> = units(requests, &f)

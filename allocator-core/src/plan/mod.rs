@@ -291,6 +291,15 @@ pub enum PlanError {
     /// The arena would exceed `u64::MAX` bytes.
     #[error("the arena would exceed u64::MAX bytes")]
     ArenaOverflow,
+    /// A plan given to [`compact`] has a different number of offsets than
+    /// there are requests: it is not a plan of these requests.
+    #[error("the plan has {offsets} offsets for {requests} requests (one offset per request is required)")]
+    PlanLengthMismatch {
+        /// Number of offsets in the plan.
+        offsets: usize,
+        /// Number of requests.
+        requests: usize,
+    },
 }
 
 /// Why a plan is wrong (see [`verify`]).

@@ -61,13 +61,32 @@ fn compaction_returns_a_plan_it_cannot_improve_unchanged() {
     let r = [Request::new(100, 0, 2), Request::new(50, 1, 4)];
     let p = plan(&r, Algorithm::GreedyBySize).unwrap();
     assert_eq!(compact(&r, &p).unwrap(), p);
-    // Offsets of other requests: not a plan of these, returned as given.
+}
+
+#[test]
+fn compaction_refuses_a_plan_of_other_requests() {
+    let r = [Request::new(100, 0, 2), Request::new(50, 1, 4)];
     let wrong = Plan {
         offsets: vec![0],
         arena_bytes: 100,
         max_live_bytes: 150,
     };
-    assert_eq!(compact(&r, &wrong).unwrap(), wrong);
+    let e = compact(&r, &wrong).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::PlanLengthMismatch {
+            offsets: 1,
+            requests: 2
+        }
+    );
+    assert!(e.to_string().contains("1 offsets for 2 requests"), "{e}");
+    assert_eq!(
+        compact_within(&r, &wrong, 50).unwrap_err(),
+        PlanError::PlanLengthMismatch {
+            offsets: 1,
+            requests: 2
+        }
+    );
 }
 
 #[test]
