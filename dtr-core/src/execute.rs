@@ -37,7 +37,8 @@ pub struct IterationPlan {
     pub simulated_budget: u64,
     /// The portfolio entry that won and how it was placed (`arena`: best fit
     /// in a flat arena during the simulation; `placed`: logical simulation,
-    /// then the static planner; `logical`: logical budgets).
+    /// then the static planner; `logical`: logical budgets). A learned entry's
+    /// perturbed copy with seed `k` is named `<entry>~k`.
     pub policy: String,
     /// Simulated first computations plus rematerializations (ns).
     pub total_ns: f64,

@@ -213,6 +213,7 @@ pub(crate) fn policy(kind: OracleKind, future: Future) -> (OraclePolicy, Tracker
         progress: Some(tracker.progress.clone()),
         blocks: Vec::new(),
         e_star: EStar::Exact,
+        perturbation: 0,
     };
     (policy, tracker)
 }
@@ -221,13 +222,43 @@ pub(crate) fn policy(kind: OracleKind, future: Future) -> (OraclePolicy, Tracker
 /// the runtime's call index and storages are named by their sequence number in
 /// the iteration, so the runtime itself says where it is (see [`crate::planner`]).
 pub(crate) fn learned(kind: OracleKind, future: Arc<Future>, e_star: EStar) -> OraclePolicy {
+    learned_perturbed(kind, future, e_star, 0)
+}
+
+/// [`learned`], with every storage's price scaled by a fixed pseudo-random
+/// factor in `[e^-σ, e^σ]` ([`PERTURBATION`]) drawn from `seed` and the
+/// storage's sequence number in the iteration (`seed` 0: none). The factor is
+/// the same at every decision, so a perturbed entry is another consistent
+/// greedy schedule: it reorders candidates whose prices are within about
+/// `σ` of each other and keeps the order of those far apart.
+pub(crate) fn learned_perturbed(
+    kind: OracleKind,
+    future: Arc<Future>,
+    e_star: EStar,
+    seed: u64,
+) -> OraclePolicy {
     OraclePolicy {
         kind,
         future,
         progress: None,
         blocks: Vec::new(),
         e_star,
+        perturbation: seed,
     }
+}
+
+/// σ of [`learned_perturbed`]: prices are scaled by `e^(σ·u)`, `u` uniform in
+/// `[-1, 1]`, so by at most ±28 % (ties and near-ties reorder).
+pub(crate) const PERTURBATION: f64 = 0.25;
+
+/// The price factor of storage `seq` under `seed` (splitmix64 of both).
+fn price_factor(seed: u64, seq: u64) -> f64 {
+    let mut z = seq ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+    (PERTURBATION * (2.0 * u - 1.0)).exp()
 }
 
 /// How a next-use price computes e* (the recompute cost of a candidate with its
@@ -250,6 +281,8 @@ pub(crate) struct OraclePolicy {
     progress: Option<Arc<Mutex<Progress>>>,
     blocks: Vec<BlockView>,
     e_star: EStar,
+    /// Seed of the price perturbation (0: none; see [`learned_perturbed`]).
+    perturbation: u64,
 }
 
 impl OraclePolicy {
@@ -269,6 +302,15 @@ impl OraclePolicy {
     /// cost, per ns of staleness (remat's, thrash guard included) or per ns until
     /// its next read (next-use).
     fn cost(&self, p: Option<&Progress>, v: &mut DecisionView<'_>, s: StorageId) -> f64 {
+        let c = self.cost_plain(p, v, s);
+        if self.perturbation == 0 {
+            return c;
+        }
+        c * price_factor(self.perturbation, v.seq(s) as u64)
+    }
+
+    /// [`OraclePolicy::cost`] before the perturbation.
+    fn cost_plain(&self, p: Option<&Progress>, v: &mut DecisionView<'_>, s: StorageId) -> f64 {
         let next = match p {
             Some(p) => self.time_to_next_read(p, s),
             None => {
@@ -361,6 +403,31 @@ mod tests {
         assert_eq!(f.time_to_next_read(0, 5), None);
         assert_eq!(f.time_to_next_read(1, 0), None);
         assert_eq!(f.time_to_next_read(7, 0), None);
+    }
+
+    #[test]
+    fn price_factors_are_fixed_per_storage_bounded_and_centred() {
+        let (lo, hi) = ((-PERTURBATION).exp(), PERTURBATION.exp());
+        let mut log_sum = 0.0;
+        let n = 20_000u64;
+        for seq in 0..n {
+            let f = price_factor(3, seq);
+            assert!((lo..=hi).contains(&f), "{f}");
+            assert_eq!(f, price_factor(3, seq), "the same storage, the same factor");
+            log_sum += f.ln();
+        }
+        // log-uniform on [-σ, σ]: the mean log is 0 (within 3 standard errors).
+        let se = PERTURBATION / (3.0 * n as f64).sqrt();
+        assert!(
+            (log_sum / n as f64).abs() < 3.0 * se,
+            "{}",
+            log_sum / n as f64
+        );
+        // Another seed is another draw.
+        let differ = (0..100)
+            .filter(|&q| price_factor(3, q) != price_factor(4, q))
+            .count();
+        assert!(differ > 95, "{differ}");
     }
 
     #[test]
