@@ -189,8 +189,10 @@ fn plan_with_rounds(
 /// step is simulated in a compacting arena (each request rounded to 512 B, no
 /// fragmentation: the floor the online runtime reaches once it falls back to
 /// one); the steps after it must either run online there at most
-/// `max_overhead` or follow what [`plan_iteration`] makes at the budget: a
-/// plan placed without moving blocks. (Asking the compacting arena for the
+/// `max_overhead` or follow what [`plan_iteration`] makes at the budget (a
+/// plan placed without moving blocks), planned as the runtime would plan it:
+/// bounded by the online step's cost, which decides what the planner prunes
+/// and which learned entries it restarts. (Asking the compacting arena for the
 /// portfolio's plans too answered budgets at which no plan could be placed,
 /// and the steady step ran online, thrashing.) Bisection assumes feasibility grows with the budget, so
 /// where it does not, a smaller feasible budget may exist. `Ok(None)`: not
@@ -231,24 +233,15 @@ pub(crate) fn min_feasible_budget(
         if online.total_ns <= limit_ns * (1.0 + 1e-9) {
             return Ok(true);
         }
-        if physical {
-            // A compacting arena is the online floor, not a plan: the steps
-            // after the first follow a plan only if one is placed in the
-            // budget, so ask the planner itself.
-            return Ok(plan_iteration(rec, &config, limit_ns)?.is_some());
-        }
-        for (_, entry) in PORTFOLIO {
-            if matches!(entry, Entry::Configured) {
-                continue;
-            }
-            // The limit stops a simulation before a replay that starts past it;
-            // the total is checked here.
-            let sim = simulate(rec, &config, entry, how, b, limit_ns, &future)?;
-            if sim.is_some_and(|s| s.total_ns <= limit_ns * (1.0 + 1e-9)) {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        // The steps after the first follow a plan if the planner makes one
+        // within the limit, so ask the planner itself, as the runtime would:
+        // with the online step's cost as its bound (what it prunes by and
+        // which learned entries it restarts), then held to the limit. Under a
+        // physical budget the compacting arena above is the online floor, not
+        // a plan: a plan must be placed.
+        let bound = online.total_ns.max(limit_ns);
+        let plan = plan_iteration(rec, &config, bound)?;
+        Ok(plan.is_some_and(|p| p.total_ns <= limit_ns * (1.0 + 1e-9)))
     };
     // Every byte the iteration starts with or allocates, each rounded: nothing
     // needs evicting there (in-place ops may copy on write: doubled if short).
