@@ -15,6 +15,7 @@
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
 //! | `plan_background` | `on`/`off`: plan on a background thread; the next iteration runs online and the plan is followed from the one after | `off` |
+//! | `plan_restarts` | 0 ..= 64: rounds of random restarts of the planner's learned entries (0: none) | `8` |
 //! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`), and a regeneration whose own replays pass them keeps what it regenerates | `on` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
@@ -217,6 +218,11 @@ pub struct DtrConfig {
     /// program and the starting state repeat (see
     /// [`crate::Runtime::end_iteration`]).
     pub plan_background: bool,
+    /// Rounds of random restarts of the planner's learned entries, each a
+    /// perturbed copy simulated exactly (see [`crate::planner`]): more rounds
+    /// can find cheaper plans and take longer to plan; 0 turns them off. At
+    /// most [`DtrConfig::MAX_PLAN_RESTARTS`].
+    pub plan_restarts: u32,
     /// With plan-ahead on, an online iteration whose replays pass its first
     /// computations finishes under MSPS, and its boundary restores
     /// [`DtrConfig::policy`] (see [`crate::RuntimeStats::policy_rescues`]); a
@@ -243,6 +249,7 @@ impl Default for DtrConfig {
             allocator: AllocatorConfig::default(),
             plan_ahead: true,
             plan_background: false,
+            plan_restarts: 8,
             thrash_rescue: true,
         }
     }
@@ -309,6 +316,19 @@ impl DtrConfig {
         self
     }
 
+    /// Set the planner's rounds of random restarts (see
+    /// [`DtrConfig::plan_restarts`]; values above
+    /// [`DtrConfig::MAX_PLAN_RESTARTS`] are an error when parsed, and are
+    /// clamped to it here).
+    pub fn with_plan_restarts(mut self, rounds: u32) -> Self {
+        self.plan_restarts = rounds.min(Self::MAX_PLAN_RESTARTS);
+        self
+    }
+
+    /// The most rounds of random restarts: each round simulates every
+    /// competing learned entry again.
+    pub const MAX_PLAN_RESTARTS: u32 = 64;
+
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
     pub fn with_thrash_rescue(mut self, on: bool) -> Self {
         self.thrash_rescue = on;
@@ -328,6 +348,7 @@ impl DtrConfig {
         "expandable_segments",
         "plan_ahead",
         "plan_background",
+        "plan_restarts",
         "thrash_rescue",
         "megengine_cost",
         "megengine_memory",
@@ -360,6 +381,13 @@ impl DtrConfig {
                 "expandable_segments" => c.expandable_segments = parse_switch(key, value)?,
                 "plan_ahead" => c.plan_ahead = parse_switch(key, value)?,
                 "plan_background" => c.plan_background = parse_switch(key, value)?,
+                "plan_restarts" => {
+                    c.plan_restarts = value
+                        .parse()
+                        .ok()
+                        .filter(|&n| n <= Self::MAX_PLAN_RESTARTS)
+                        .ok_or_else(|| ConfigError::bad(key, value, "an integer from 0 to 64"))?
+                }
                 "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
                 "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
@@ -478,7 +506,7 @@ mod tests {
         let c = DtrConfig::parse(
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
-             thrash_rescue:off",
+             thrash_rescue:off,plan_restarts:0",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -490,6 +518,8 @@ mod tests {
         assert_eq!(c.seed, 7);
         assert_eq!(c.megengine.recompute_base, 1.5);
         assert!(!c.thrash_rescue && DtrConfig::default().thrash_rescue);
+        assert_eq!(c.plan_restarts, 0);
+        assert_eq!(DtrConfig::default().plan_restarts, 8);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }
 
@@ -511,6 +541,14 @@ mod tests {
         }
         assert!(DtrConfig::parse("budget:12XB").is_err());
         assert!(DtrConfig::parse("sampling:maybe").is_err());
+        for bad in ["65", "-1", "8.5", "many"] {
+            let e = DtrConfig::parse(&format!("plan_restarts:{bad}")).unwrap_err();
+            assert!(e.to_string().contains("from 0 to 64"), "{e}");
+        }
+        assert_eq!(
+            DtrConfig::parse("plan_restarts:64").unwrap().plan_restarts,
+            64
+        );
         assert!(DtrConfig::parse("budget:99999999999999999999").is_err());
     }
 

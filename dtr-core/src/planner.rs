@@ -14,7 +14,7 @@
 //! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
 //! | `msps-full` | MSPS, full scan: recompute cost of the evicted lineage per byte, no staleness (no future) |
-//! | `<learned>~k`, k = 1..=8 | a learned entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
+//! | `<learned>~k`, k = 1..=`plan_restarts` (8) | a learned entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
 //!
 //! Each simulation runs under a *logical* budget B' and logs its allocations
 //! (with lifetimes) and its policy evictions (with the allocation they made room
@@ -57,10 +57,6 @@ use crate::runtime::Runtime;
 
 /// Shrinks of the simulated budget tried per portfolio entry.
 const SHRINK_ATTEMPTS: usize = 4;
-
-/// Rounds of perturbed copies of the learned entries tried after the
-/// portfolio (seeds 1 ..= this; see [`oracle::learned_perturbed`]).
-const PERTURBED_ROUNDS: u64 = 8;
 
 /// Above this many allocations only the O(n log n) placement runs (the greedy
 /// one is O(n²)).
@@ -121,16 +117,6 @@ pub(crate) fn plan_iteration(
     config: &DtrConfig,
     measured_ns: f64,
 ) -> Result<Option<IterationPlan>> {
-    plan_with_rounds(rec, config, measured_ns, PERTURBED_ROUNDS)
-}
-
-/// [`plan_iteration`] with `rounds` rounds of perturbed learned entries.
-fn plan_with_rounds(
-    rec: &Arc<Recording>,
-    config: &DtrConfig,
-    measured_ns: f64,
-    rounds: u64,
-) -> Result<Option<IterationPlan>> {
     let Some(budget) = config.budget else {
         return Ok(None);
     };
@@ -160,7 +146,8 @@ fn plan_with_rounds(
     // different greedy schedule, simulated exactly; the plan can only get
     // cheaper. (Perturbing every learned entry in both placements too finds
     // more on resnet32, at up to 5x the planning time: docs/dtr-results.md.)
-    for seed in 1..=rounds {
+    // Seeds 1 ..= `plan_restarts`.
+    for seed in 1..=u64::from(config.plan_restarts) {
         for &(name, kind, e_star, (in_arena, placed)) in &competitive {
             let entry = Entry::Perturbed(kind, e_star, seed);
             planner.try_entry(name, entry, in_arena, placed)?;
@@ -900,7 +887,8 @@ mod tests {
     fn perturbed_entries_only_make_a_plan_cheaper_and_planning_is_deterministic() {
         let (rec, config) = recorded_step();
         let limit = 10.0 * rec.compute_ns() as f64;
-        let plain = plan_with_rounds(&rec, &config, limit, 0).unwrap().unwrap();
+        let off = config.clone().with_plan_restarts(0);
+        let plain = plan_iteration(&rec, &off, limit).unwrap().unwrap();
         let searched = plan_iteration(&rec, &config, limit).unwrap().unwrap();
         assert!(!plain.policy.contains('~'), "{}", plain.policy);
         assert!(
