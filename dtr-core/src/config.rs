@@ -317,12 +317,22 @@ impl DtrConfig {
     }
 
     /// Set the planner's rounds of random restarts (see
-    /// [`DtrConfig::plan_restarts`]; values above
-    /// [`DtrConfig::MAX_PLAN_RESTARTS`] are an error when parsed, and are
-    /// clamped to it here).
+    /// [`DtrConfig::plan_restarts`]; more than
+    /// [`DtrConfig::MAX_PLAN_RESTARTS`] is a [`ConfigError`] from
+    /// [`DtrConfig::check`], which [`crate::Runtime::new`] and the planner call).
     pub fn with_plan_restarts(mut self, rounds: u32) -> Self {
-        self.plan_restarts = rounds.min(Self::MAX_PLAN_RESTARTS);
+        self.plan_restarts = rounds;
         self
+    }
+
+    /// The settings' ranges that their types do not enforce: a
+    /// [`ConfigError::BadValue`] naming the first value out of range.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.plan_restarts > Self::MAX_PLAN_RESTARTS {
+            let value = self.plan_restarts.to_string();
+            return Err(ConfigError::bad("plan_restarts", &value, &restarts_range()));
+        }
+        Ok(())
     }
 
     /// The most rounds of random restarts: each round simulates every
@@ -386,7 +396,7 @@ impl DtrConfig {
                         .parse()
                         .ok()
                         .filter(|&n| n <= Self::MAX_PLAN_RESTARTS)
-                        .ok_or_else(|| ConfigError::bad(key, value, "an integer from 0 to 64"))?
+                        .ok_or_else(|| ConfigError::bad(key, value, &restarts_range()))?
                 }
                 "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
@@ -440,6 +450,11 @@ impl ConfigError {
             expected: expected.to_string(),
         }
     }
+}
+
+/// What `plan_restarts` accepts, for its errors.
+fn restarts_range() -> String {
+    format!("an integer from 0 to {}", DtrConfig::MAX_PLAN_RESTARTS)
 }
 
 fn parse_switch(key: &str, v: &str) -> Result<bool, ConfigError> {
@@ -549,6 +564,17 @@ mod tests {
             DtrConfig::parse("plan_restarts:64").unwrap().plan_restarts,
             64
         );
+        // Set in code, the same range is checked, never clamped.
+        let c = DtrConfig::default().with_plan_restarts(65);
+        assert_eq!(c.plan_restarts, 65);
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("`plan_restarts`") && e.contains("from 0 to 64"),
+            "{e}"
+        );
+        assert!(DtrConfig::default().with_plan_restarts(64).check().is_ok());
+        let r = crate::Runtime::<u64>::new(DtrConfig::default().with_plan_restarts(65));
+        assert!(matches!(r, Err(crate::Error::Config(_))));
         assert!(DtrConfig::parse("budget:99999999999999999999").is_err());
     }
 

@@ -14,7 +14,7 @@
 //! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
 //! | `msps-full` | MSPS, full scan: recompute cost of the evicted lineage per byte, no staleness (no future) |
-//! | `<learned>~k`, k = 1..=`plan_restarts` (8) | a learned entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
+//! | `<entry>~k` for each learned entry, k = 1..=`plan_restarts` (8) | a learned entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
 //!
 //! Each simulation runs under a *logical* budget B' and logs its allocations
 //! (with lifetimes) and its policy evictions (with the allocation they made room
@@ -110,13 +110,16 @@ enum Placement {
 
 /// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is the
 /// most a plan may cost: what the recorded iteration cost (first computations
-/// plus rematerializations), or more after a rescued one. `Ok(None)`: no entry
-/// fits, or none is cheap enough.
+/// plus rematerializations), or more after a rescued one. It is also what
+/// simulations are cut off by, so it decides which learned entries run to the
+/// end and are restarted. `Ok(None)`: no entry fits, or none is cheap enough;
+/// a setting out of range is an [`Error::Config`].
 pub(crate) fn plan_iteration(
     rec: &Arc<Recording>,
     config: &DtrConfig,
     measured_ns: f64,
 ) -> Result<Option<IterationPlan>> {
+    config.check()?;
     let Some(budget) = config.budget else {
         return Ok(None);
     };
@@ -132,8 +135,10 @@ pub(crate) fn plan_iteration(
         simulations: 0,
     };
     let physical = config.budget_mode == BudgetMode::Physical;
-    // Learned entries, with whether their simulations in a flat arena and
-    // logically ran to the end (were not cut off by a cheaper plan).
+    // The learned entries, each with two flags: whether its simulation in a
+    // flat arena ran to the end, and whether its first logical one did (a
+    // simulation is cut off once it cannot cost less than the best plan so
+    // far, or than `measured_ns`).
     let mut competitive = Vec::new();
     for (name, entry) in PORTFOLIO {
         let done = planner.try_entry(name, entry, physical, true)?;
@@ -177,9 +182,11 @@ pub(crate) fn plan_iteration(
 /// fragmentation: the floor the online runtime reaches once it falls back to
 /// one); the steps after it must either run online there at most
 /// `max_overhead` or follow what [`plan_iteration`] makes at the budget (a
-/// plan placed without moving blocks), planned as the runtime would plan it:
-/// bounded by the online step's cost, which decides what the planner prunes
-/// and which learned entries it restarts. (Asking the compacting arena for the
+/// plan placed without moving blocks), planned with the simulated online
+/// step's cost as its bound, as the runtime plans with its recorded step's
+/// (which decides what the planner cuts off and which learned entries it
+/// restarts). Each bisection step runs the whole planner, restarts included
+/// (`plan_restarts:0` makes the query faster and may raise its answer). (Asking the compacting arena for the
 /// portfolio's plans too answered budgets at which no plan could be placed,
 /// and the steady step ran online, thrashing.) Bisection assumes feasibility grows with the budget, so
 /// where it does not, a smaller feasible budget may exist. `Ok(None)`: not
@@ -221,12 +228,15 @@ pub(crate) fn min_feasible_budget(
             return Ok(true);
         }
         // The steps after the first follow a plan if the planner makes one
-        // within the limit, so ask the planner itself, as the runtime would:
-        // with the online step's cost as its bound (what it prunes by and
-        // which learned entries it restarts), then held to the limit. Under a
-        // physical budget the compacting arena above is the online floor, not
-        // a plan: a plan must be placed.
-        let bound = online.total_ns.max(limit_ns);
+        // within the limit, so ask the planner itself, bounded as the runtime
+        // bounds it by the step it recorded: the simulated online step's cost
+        // (what simulations are cut off by, and so which learned entries are
+        // restarted; here above the limit), then held to the limit. This
+        // approximates the runtime: its recorded step may have been rescued
+        // (the simulation has no rescues), and its bound is then at least 2×
+        // its computations. Under a physical budget the compacting arena above
+        // is the online floor, not a plan: a plan must be placed.
+        let bound = online.total_ns;
         let plan = plan_iteration(rec, &config, bound)?;
         Ok(plan.is_some_and(|p| p.total_ns <= limit_ns * (1.0 + 1e-9)))
     };
@@ -302,8 +312,10 @@ impl Planner<'_> {
     /// Simulate one entry in a flat arena (`in_arena`) and logically, then
     /// placed (`placed`). When the placement exceeds the budget, simulate
     /// again under a budget shrunk by the excess, then half-way back while it
-    /// fits. Returns whether each of the two ran to the end (its first
-    /// simulation was not cut off as costlier than the best plan).
+    /// fits. A perturbed copy starts at the largest budget where a placed
+    /// schedule already fitted and bisects up from there, without trying the
+    /// full budget itself. Returns whether each of the two ran to the end
+    /// (its first simulation was not cut off as costlier than the best plan).
     fn try_entry(
         &mut self,
         name: &'static str,
@@ -411,7 +423,11 @@ impl Planner<'_> {
                 (vec![0; sim.requests.len()], sim.peak, b, "logical")
             }
         };
-        tracing::debug!(target: "remat_dtr::plan", entry = name, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
+        let seed = match entry {
+            Entry::Perturbed(_, _, seed) => seed,
+            _ => 0,
+        };
+        tracing::debug!(target: "remat_dtr::plan", entry = name, seed, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
         if arena > self.budget {
             return Ok(Outcome::Over(arena));
         }
@@ -890,7 +906,6 @@ mod tests {
         let off = config.clone().with_plan_restarts(0);
         let plain = plan_iteration(&rec, &off, limit).unwrap().unwrap();
         let searched = plan_iteration(&rec, &config, limit).unwrap().unwrap();
-        assert!(!plain.policy.contains('~'), "{}", plain.policy);
         assert!(
             searched.total_ns < plain.total_ns && searched.policy.contains('~'),
             "{} ({}) against {} ({})",

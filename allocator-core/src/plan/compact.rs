@@ -59,6 +59,10 @@ pub fn compact(requests: &[Request], plan: &Plan) -> Result<Plan, PlanError> {
 /// stops as soon as the arena is at most `target`, or when a shake gained less
 /// than is still missing (each shake gains less than the one before, so the
 /// next would not reach `target` either). `target` 0 compacts fully.
+///
+/// # Errors
+///
+/// As [`compact`].
 pub fn compact_within(requests: &[Request], plan: &Plan, target: u64) -> Result<Plan, PlanError> {
     if plan.offsets.len() != requests.len() {
         return Err(PlanError::PlanLengthMismatch {

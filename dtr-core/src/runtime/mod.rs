@@ -134,8 +134,10 @@ impl<V> Runtime<V> {
     /// A runtime for `config`: the policy it names, and its budget accounted by the
     /// memory model of its [`BudgetMode`] (physical: a remat-alloc caching allocator
     /// over a simulated device of the budget's capacity; unbounded budgets and the
-    /// logical mode use [`LogicalBudget`]).
+    /// logical mode use [`LogicalBudget`]). A setting out of range is an
+    /// [`Error::Config`] ([`DtrConfig::check`]).
     pub fn new(config: DtrConfig) -> Result<Self> {
+        config.check()?;
         let memory = memory_model(&config)?;
         let policy = make_policy(config.policy, &config);
         Ok(Self::with_parts(config, memory, policy))
