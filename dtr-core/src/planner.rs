@@ -334,7 +334,6 @@ impl Planner<'_> {
         if !placed {
             return Ok(done);
         }
-        let mut first = true;
         let mut fits: Option<u64> = None;
         let mut over = budget;
         // A perturbed copy starts where a placed schedule already fitted:
@@ -344,11 +343,10 @@ impl Planner<'_> {
             Entry::Perturbed(..) => self.placed_fit.unwrap_or(budget),
             _ => budget,
         };
-        for _ in 0..SHRINK_ATTEMPTS {
+        for attempt in 0..SHRINK_ATTEMPTS {
             let outcome = self.try_placement(name, entry, Placement::Logical(b))?;
-            if first {
+            if attempt == 0 {
                 done.1 = !matches!(outcome, Outcome::Infeasible);
-                first = false;
             }
             match outcome {
                 Outcome::Infeasible => break,
@@ -885,12 +883,17 @@ mod tests {
         (rt, finals, reports)
     }
 
-    /// [`train`] under a physical budget of 70 % of its unbudgeted peak, where
-    /// a perturbed entry makes the cheapest plan: the recording of its third
-    /// iteration and the configuration.
-    fn recorded_step() -> (Arc<Recording>, DtrConfig) {
+    /// A physical budget of 70 % of [`train`]'s unbudgeted peak, where a
+    /// perturbed entry makes the cheapest plan.
+    fn seventy_percent() -> DtrConfig {
         let peak = train(DtrConfig::default(), 1).0.stats().peak_live_bytes;
-        let config = DtrConfig::default().with_budget(peak * 7 / 10);
+        DtrConfig::default().with_budget(peak * 7 / 10)
+    }
+
+    /// The recording of [`train`]'s third iteration at [`seventy_percent`],
+    /// and that configuration.
+    fn recorded_step() -> (Arc<Recording>, DtrConfig) {
+        let config = seventy_percent();
         let (rt, _, _) = train(config.clone(), 3);
         let plan = rt.current_plan().expect("the third iteration is planned");
         (plan.recording.clone(), config)
@@ -928,9 +931,7 @@ mod tests {
     #[test]
     fn a_perturbed_plan_is_followed_bit_identically() {
         let (_, reference, _) = train(DtrConfig::default(), 5);
-        let peak = train(DtrConfig::default(), 1).0.stats().peak_live_bytes;
-        let config = DtrConfig::default().with_budget(peak * 7 / 10);
-        let (rt, finals, reports) = train(config, 5);
+        let (rt, finals, reports) = train(seventy_percent(), 5);
         assert_eq!(finals, reference);
         let plan = rt.current_plan().expect("planned");
         assert!(plan.policy.contains('~'), "{}", plan.policy);

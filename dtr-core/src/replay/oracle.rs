@@ -251,12 +251,9 @@ pub(crate) fn learned_perturbed(
 /// `[-1, 1]`, so by −22 % to +28 % (ties and near-ties reorder).
 pub(crate) const PERTURBATION: f64 = 0.25;
 
-/// The price factor of storage `seq` under `seed` (splitmix64 of both).
+/// The price factor of storage `seq` under `seed` (SplitMix64's mix of both).
 fn price_factor(seed: u64, seq: u64) -> f64 {
-    let mut z = seq ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    let z = crate::rng::mix(seq ^ seed.wrapping_mul(crate::rng::GOLDEN_GAMMA));
     let u = (z >> 11) as f64 / (1u64 << 53) as f64;
     (PERTURBATION * (2.0 * u - 1.0)).exp()
 }
