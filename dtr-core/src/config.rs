@@ -218,10 +218,13 @@ pub struct DtrConfig {
     /// program and the starting state repeat (see
     /// [`crate::Runtime::end_iteration`]).
     pub plan_background: bool,
-    /// Rounds of random restarts of the planner's learned entries, each a
-    /// perturbed copy simulated exactly (see [`crate::planner`]): more rounds
-    /// can find cheaper plans and take longer to plan; 0 turns them off. At
-    /// most [`DtrConfig::MAX_PLAN_RESTARTS`].
+    /// Rounds of random restarts of the planner's learned and full-scan
+    /// entries, each a perturbed copy simulated exactly (see
+    /// [`crate::planner`]): more rounds can find cheaper plans and take longer
+    /// to plan; 0 turns them off. At most [`DtrConfig::MAX_PLAN_RESTARTS`].
+    /// Past these rounds, a recording that is light to simulate gets more, in
+    /// the flat arena only, while the planning work stays under a fixed
+    /// amount per recorded event, up to the maximum.
     pub plan_restarts: u32,
     /// With plan-ahead on, an online iteration whose replays pass its first
     /// computations finishes under MSPS, and its boundary restores
@@ -336,7 +339,7 @@ impl DtrConfig {
     }
 
     /// The most rounds of random restarts: each round simulates every
-    /// competing learned entry again.
+    /// competing learned or full-scan entry again.
     pub const MAX_PLAN_RESTARTS: u32 = 64;
 
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).

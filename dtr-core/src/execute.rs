@@ -48,6 +48,9 @@ pub struct IterationPlan {
     pub plan_ms: f64,
     /// Simulations run.
     pub simulations: u32,
+    /// Rounds of random restarts run (see [`crate::planner`]): at most
+    /// [`crate::DtrConfig::MAX_PLAN_RESTARTS`], 0 with `plan_restarts:0`.
+    pub restart_rounds: u32,
 }
 
 impl IterationPlan {

@@ -39,6 +39,9 @@ pub struct RuntimeStats {
     pub free_at_failure_by_pool: [f64; 3],
     /// Policy decisions taken.
     pub decisions: u64,
+    /// Candidates offered to the policy over all decisions (the sum of the
+    /// pools' sizes): how much the decisions had to scan.
+    pub candidates_offered: u64,
     /// Bytes of resident storages now.
     pub live_bytes: u64,
     /// Peak of `live_bytes`.
@@ -88,6 +91,8 @@ pub struct PlanSummary {
     pub plan_ms: f64,
     /// Simulations run.
     pub simulations: u32,
+    /// Rounds of random restarts run.
+    pub restart_rounds: u32,
     /// Ops in the planned iteration.
     pub ops: usize,
 }
@@ -102,6 +107,7 @@ impl From<&crate::execute::IterationPlan> for PlanSummary {
             simulated_budget: p.simulated_budget,
             plan_ms: p.plan_ms,
             simulations: p.simulations,
+            restart_rounds: p.restart_rounds,
             ops,
         }
     }

@@ -162,6 +162,7 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
             "simulated_budget": p.simulated_budget,
             "plan_ms": p.plan_ms,
             "simulations": p.simulations,
+            "restart_rounds": p.restart_rounds,
             "ops": p.ops,
         })),
     })

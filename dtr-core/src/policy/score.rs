@@ -37,12 +37,29 @@ pub enum ScoreKind {
 #[derive(Debug, Clone)]
 pub struct ScorePolicy {
     kind: ScoreKind,
+    /// Seed of the planner's price perturbation (0: none; see
+    /// [`ScorePolicy::perturbed`]).
+    perturbation: u64,
 }
 
 impl ScorePolicy {
     /// A policy for `kind`.
     pub fn new(kind: ScoreKind) -> Self {
-        Self { kind }
+        Self {
+            kind,
+            perturbation: 0,
+        }
+    }
+
+    /// The planner's random restart `seed` of `kind` (never 0): every
+    /// candidate's score is multiplied by its storage's fixed factor
+    /// ([`crate::rng::price_factor`]), so near-ties reorder the same way at
+    /// every decision. Meant for the positive scores (h_DTR, MSPS).
+    pub(crate) fn perturbed(kind: ScoreKind, seed: u64) -> Self {
+        Self {
+            kind,
+            perturbation: seed,
+        }
     }
 
     /// The score of candidate `s` (smaller is evicted first).
@@ -84,7 +101,10 @@ impl EvictionPolicy for ScorePolicy {
         let mut best: Option<(f64, StorageId)> = None;
         for i in 0..view.pool().len() {
             let s = view.pool()[i];
-            let sc = self.score(view, s);
+            let mut sc = self.score(view, s);
+            if self.perturbation != 0 {
+                sc *= crate::rng::price_factor(self.perturbation, u64::from(view.seq(s)));
+            }
             // Ties go to the earlier candidate: deterministic for a seed.
             if best.is_none_or(|(b, _)| sc < b) {
                 best = Some((sc, s));

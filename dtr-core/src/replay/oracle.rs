@@ -225,12 +225,9 @@ pub(crate) fn learned(kind: OracleKind, future: Arc<Future>, e_star: EStar) -> O
     learned_perturbed(kind, future, e_star, 0)
 }
 
-/// [`learned`], with every storage's price scaled by a fixed pseudo-random
-/// factor in `[e^-σ, e^σ]` ([`PERTURBATION`]) drawn from `seed` and the
-/// storage's sequence number in the iteration (`seed` 0: none). The factor is
-/// the same at every decision, so a perturbed entry is another consistent
-/// greedy schedule: two candidates can swap only when their prices are within
-/// a factor `e^(2σ)` (1.65) of each other.
+/// [`learned`], with every storage's price scaled by its fixed pseudo-random
+/// factor under `seed` ([`crate::rng::price_factor`]; `seed` 0: none), so a
+/// perturbed entry is another consistent greedy schedule.
 pub(crate) fn learned_perturbed(
     kind: OracleKind,
     future: Arc<Future>,
@@ -245,17 +242,6 @@ pub(crate) fn learned_perturbed(
         e_star,
         perturbation: seed,
     }
-}
-
-/// σ of [`learned_perturbed`]: prices are scaled by `e^(σ·u)`, `u` uniform in
-/// `[-1, 1]`, so by −22 % to +28 % (ties and near-ties reorder).
-pub(crate) const PERTURBATION: f64 = 0.25;
-
-/// The price factor of storage `seq` under `seed` (SplitMix64's mix of both).
-fn price_factor(seed: u64, seq: u64) -> f64 {
-    let z = crate::rng::mix(seq ^ seed.wrapping_mul(crate::rng::GOLDEN_GAMMA));
-    let u = (z >> 11) as f64 / (1u64 << 53) as f64;
-    (PERTURBATION * (2.0 * u - 1.0)).exp()
 }
 
 /// How a next-use price computes e* (the recompute cost of a candidate with its
@@ -303,7 +289,7 @@ impl OraclePolicy {
         if self.perturbation == 0 {
             return c;
         }
-        c * price_factor(self.perturbation, v.seq(s) as u64)
+        c * crate::rng::price_factor(self.perturbation, v.seq(s) as u64)
     }
 
     /// [`OraclePolicy::cost`] before the perturbation.
@@ -400,30 +386,6 @@ mod tests {
         assert_eq!(f.time_to_next_read(0, 5), None);
         assert_eq!(f.time_to_next_read(1, 0), None);
         assert_eq!(f.time_to_next_read(7, 0), None);
-    }
-
-    #[test]
-    fn price_factors_are_bounded_and_centred() {
-        let (lo, hi) = ((-PERTURBATION).exp(), PERTURBATION.exp());
-        let mut log_sum = 0.0;
-        let n = 20_000u64;
-        for seq in 0..n {
-            let f = price_factor(3, seq);
-            assert!((lo..=hi).contains(&f), "{f}");
-            log_sum += f.ln();
-        }
-        // log-uniform on [-σ, σ]: the mean log is 0 (within 3 standard errors).
-        let se = PERTURBATION / (3.0 * n as f64).sqrt();
-        assert!(
-            (log_sum / n as f64).abs() < 3.0 * se,
-            "{}",
-            log_sum / n as f64
-        );
-        // Another seed is another draw.
-        let differ = (0..100)
-            .filter(|&q| price_factor(3, q) != price_factor(4, q))
-            .count();
-        assert!(differ > 95, "{differ}");
     }
 
     #[test]

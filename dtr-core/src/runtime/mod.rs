@@ -1497,6 +1497,7 @@ impl<V> Runtime<V> {
         self.refresh_by_ptr();
         let defragmenting = self.defragmenting();
         self.fill_pool();
+        self.stats.candidates_offered += self.pool.len() as u64;
         self.victims.clear();
         if self.pool.is_empty() {
             return;

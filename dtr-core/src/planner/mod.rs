@@ -14,15 +14,19 @@
 //! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
 //! | `msps-full` | MSPS, full scan: recompute cost of the evicted lineage per byte, no staleness (no future) |
-//! | `<entry>~k` for each learned entry, k = 1..=`plan_restarts` (8) | a learned entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
+//! | `<entry>~k` for the learned entries, `dtr-full` and `msps-full`, k = 1..=`plan_restarts` (8) | the entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
+//! | `<entry>~k`, k > `plan_restarts`, in the flat arena only | the same, while the planning work per recorded event is under `RESTART_WORK_PER_EVENT` (256), up to 64 rounds |
 //!
 //! Each simulation runs under a *logical* budget B' and logs its allocations
 //! (with lifetimes) and its policy evictions (with the allocation they made room
 //! for). The allocations, rematerialized copies included, go to the static
 //! planner ([`remat_alloc::plan`]); when its arena exceeds the budget, B' shrinks
 //! by the excess and the entry is simulated again. The perturbed copies are
-//! random restarts of the learned greedy schedules: each is simulated exactly,
-//! so they only ever replace the plan with a cheaper one. The cheapest entry whose
+//! random restarts of the greedy schedules: each is simulated exactly, so
+//! they only ever replace the plan with a cheaper one. Their rounds are
+//! bounded by a deterministic measure of planning work (candidates offered to
+//! the policies plus events simulated), so a light recording searches longer
+//! and the plan never depends on the machine's speed. The cheapest entry whose
 //! arena fits the budget becomes the [`IterationPlan`]; the runtime adopts it
 //! only when it costs no more than the recorded iteration did (or, after an
 //! iteration the runtime had to rescue, no more than twice its first
@@ -49,7 +53,7 @@ use crate::memory::{
     AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, RequestShape, Slot,
 };
 use crate::op::{OpHandle, OutputSpec};
-use crate::policy::{make_policy, EvictionPolicy};
+use crate::policy::{make_policy, EvictionPolicy, ScoreKind, ScorePolicy};
 use crate::record::{Event, Recording, Ref};
 use crate::replay::oracle::{self, EStar, Future, OracleKind};
 use crate::replay::FIRST_ITERATION_LIMIT;
@@ -70,7 +74,47 @@ enum Entry {
     Perturbed(OracleKind, EStar, u64),
     Configured,
     Online(PolicyKind, bool),
+    /// A full-scan score entry (`Online(kind, false)` with `kind`'s score)
+    /// whose scores are perturbed by a seed (never 0).
+    PerturbedScore(PolicyKind, ScoreKind, u64),
 }
+
+impl Entry {
+    /// The seed of a perturbed copy (0: the entry itself).
+    fn seed(self) -> u64 {
+        match self {
+            Entry::Perturbed(_, _, seed) | Entry::PerturbedScore(_, _, seed) => seed,
+            _ => 0,
+        }
+    }
+
+    /// This entry's copy under restart `seed`, for the entries that have
+    /// one: the learned entries and the full-scan score policies.
+    fn restarted(self, seed: u64) -> Option<Entry> {
+        match self {
+            Entry::Learned(kind, e_star) => Some(Entry::Perturbed(kind, e_star, seed)),
+            Entry::Online(kind, false) => {
+                let score = match kind {
+                    PolicyKind::Dtr => ScoreKind::DtrExact,
+                    PolicyKind::Msps => ScoreKind::Msps,
+                    _ => return None,
+                };
+                Some(Entry::PerturbedScore(kind, score, seed))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Planning work per recorded event (candidates offered to the policies plus
+/// events simulated, over every simulation so far) below which restart rounds
+/// go on past `plan_restarts`, in the flat arena only, up to
+/// [`DtrConfig::MAX_PLAN_RESTARTS`] rounds. The heaviest recordings measured
+/// (the DTR paper's lstm and treelstm, 5–6k ops, 0.7–0.8 ms of planning per
+/// op) spend 630–860 per event on the portfolio and the first eight rounds
+/// alone, so a light recording searches more without planning longer per op
+/// than they do.
+const RESTART_WORK_PER_EVENT: u64 = 256;
 
 const PORTFOLIO: [(&str, Entry); 6] = [
     (
@@ -108,6 +152,24 @@ enum Placement {
     Compacting(u64),
 }
 
+/// Whether restart round `seed` (1-based) runs, and if so whether it is an
+/// extra round (past `plan_restarts`: flat arena only): rounds up to
+/// `plan_restarts` always run (none when it is 0); an extra one only while
+/// some entry competed in the arena and the planning work is under `limit`.
+fn restart_round(
+    seed: u32,
+    plan_restarts: u32,
+    in_arena: bool,
+    work: u64,
+    limit: u64,
+) -> Option<bool> {
+    let extra = seed > plan_restarts;
+    let runs = plan_restarts > 0
+        && seed <= DtrConfig::MAX_PLAN_RESTARTS
+        && (!extra || (in_arena && work < limit));
+    runs.then_some(extra)
+}
+
 /// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is the
 /// most a plan may cost: what the recorded iteration cost (first computations
 /// plus rematerializations), or more after a rescued one. It is also what
@@ -133,30 +195,50 @@ pub(crate) fn plan_iteration(
         best: None,
         placed_fit: None,
         simulations: 0,
+        work: 0,
     };
     let physical = config.budget_mode == BudgetMode::Physical;
-    // The learned entries, each with two flags: whether its simulation in a
-    // flat arena ran to the end, and whether its first logical one did (a
-    // simulation is cut off once it cannot cost less than the best plan so
-    // far, or than `measured_ns`).
+    // The entries that can be restarted (learned and full-scan score
+    // entries), each with two flags: whether its simulation in a flat arena
+    // ran to the end, and whether its first logical one did (a simulation is
+    // cut off once it cannot cost less than the best plan so far, or than
+    // `measured_ns`).
     let mut competitive = Vec::new();
     for (name, entry) in PORTFOLIO {
         let done = planner.try_entry(name, entry, physical, true)?;
-        if let Entry::Learned(kind, e_star) = entry {
-            competitive.push((name, kind, e_star, done));
+        if entry.restarted(1).is_some() {
+            competitive.push((name, entry, done));
         }
     }
-    // Random restarts of the learned entries, where they competed: each copy
-    // scales every storage's price by its own fixed factor, so it makes a
-    // different greedy schedule, simulated exactly; the plan can only get
-    // cheaper. (Perturbing every learned entry in both placements too finds
-    // more on resnet32, at up to 5x the planning time: docs/dtr-results.md.)
-    // Seeds 1 ..= `plan_restarts`.
-    for seed in 1..=u64::from(config.plan_restarts) {
-        for &(name, kind, e_star, (in_arena, placed)) in &competitive {
-            let entry = Entry::Perturbed(kind, e_star, seed);
-            planner.try_entry(name, entry, in_arena, placed)?;
+    // Random restarts where an entry competed: each copy scales every
+    // storage's price by its own fixed factor, so it makes a different greedy
+    // schedule, simulated exactly; the plan can only get cheaper. Rounds
+    // 1 ..= `plan_restarts` in both placements; then, while the planning work
+    // per recorded event stays under `RESTART_WORK_PER_EVENT`, more rounds in
+    // the flat arena only, whose placement is part of the simulation and so
+    // of the work counted (a static placement and its compaction are not).
+    // (Perturbing every learned entry in both placements too found more on
+    // resnet32 at up to 5x the planning time: docs/dtr-results.md.)
+    let work_limit = RESTART_WORK_PER_EVENT.saturating_mul(rec.events.len() as u64);
+    let in_any_arena = competitive.iter().any(|&(_, _, (in_arena, _))| in_arena);
+    let mut rounds = 0;
+    for seed in 1..=DtrConfig::MAX_PLAN_RESTARTS {
+        let Some(extra) = restart_round(
+            seed,
+            config.plan_restarts,
+            in_any_arena,
+            planner.work,
+            work_limit,
+        ) else {
+            break;
+        };
+        let seed = u64::from(seed);
+        for &(name, entry, (in_arena, placed)) in &competitive {
+            if let Some(copy) = entry.restarted(seed) {
+                planner.try_entry(name, copy, in_arena, placed && !extra)?;
+            }
         }
+        rounds = seed as u32;
     }
     let Planner {
         best, simulations, ..
@@ -167,6 +249,7 @@ pub(crate) fn plan_iteration(
         .map(|p| IterationPlan {
             plan_ms,
             simulations,
+            restart_rounds: rounds,
             ..p
         }))
 }
@@ -212,7 +295,7 @@ pub(crate) fn min_feasible_budget(
             Placement::Logical(b)
         };
         let config = config.clone().with_budget(b);
-        let online = simulate(
+        let (online, _) = simulate(
             rec,
             &config,
             Entry::Configured,
@@ -306,6 +389,10 @@ struct Planner<'a> {
     /// The largest simulated budget at which a placed schedule fitted.
     placed_fit: Option<u64>,
     simulations: u32,
+    /// Candidates offered to the policies plus events simulated, over every
+    /// simulation so far (cut-off ones included): a deterministic measure of
+    /// the planning time spent.
+    work: u64,
 }
 
 impl Planner<'_> {
@@ -339,9 +426,9 @@ impl Planner<'_> {
         // A perturbed copy starts where a placed schedule already fitted:
         // at the full budget its placement would overflow as the unperturbed
         // one's did, and shrinking there costs simulations and placements.
-        let mut b = match entry {
-            Entry::Perturbed(..) => self.placed_fit.unwrap_or(budget),
-            _ => budget,
+        let mut b = match entry.seed() {
+            0 => budget,
+            _ => self.placed_fit.unwrap_or(budget),
         };
         for attempt in 0..SHRINK_ATTEMPTS {
             let outcome = self.try_placement(name, entry, Placement::Logical(b))?;
@@ -387,7 +474,7 @@ impl Planner<'_> {
             .as_ref()
             .map_or(self.measured_ns, |p| p.total_ns.min(self.measured_ns));
         self.simulations += 1;
-        let sim = simulate(
+        let (sim, work) = simulate(
             self.rec,
             self.config,
             entry,
@@ -396,6 +483,7 @@ impl Planner<'_> {
             limit,
             &self.future,
         )?;
+        self.work += work;
         let Some(sim) = sim else {
             return Ok(Outcome::Infeasible);
         };
@@ -421,10 +509,7 @@ impl Planner<'_> {
                 (vec![0; sim.requests.len()], sim.peak, b, "logical")
             }
         };
-        let seed = match entry {
-            Entry::Perturbed(_, _, seed) => seed,
-            _ => 0,
-        };
+        let seed = entry.seed();
         tracing::debug!(target: "remat_dtr::plan", entry = name, seed, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
         if arena > self.budget {
             return Ok(Outcome::Over(arena));
@@ -439,13 +524,14 @@ impl Planner<'_> {
                 simulated_budget,
                 policy: match entry {
                     Entry::Configured => format!("{}/{mode}", self.config.policy.name()),
-                    Entry::Perturbed(_, _, seed) => format!("{name}~{seed}/{mode}"),
+                    _ if seed != 0 => format!("{name}~{seed}/{mode}"),
                     _ => format!("{name}/{mode}"),
                 },
                 total_ns: sim.total_ns,
                 compute_ns: self.rec.compute_ns() as f64,
                 plan_ms: 0.0,
                 simulations: 0,
+                restart_rounds: 0,
             });
         }
         Ok(Outcome::Fits)
@@ -614,8 +700,10 @@ impl OpHandle<()> for SimOp {
     }
 }
 
-/// Replay `rec` under a logical budget of `budget` with the entry's policy.
-/// `Ok(None)`: infeasible (an impossible budget, or past `limit_ns`).
+/// Replay `rec` under a logical budget of `budget` with the entry's policy,
+/// with the work it took (candidates offered to the policy plus events, see
+/// `Planner::work`). `None`: infeasible (an impossible budget, or past
+/// `limit_ns`).
 fn simulate(
     rec: &Recording,
     config: &DtrConfig,
@@ -624,13 +712,14 @@ fn simulate(
     capacity: u64,
     limit_ns: f64,
     future: &Arc<Future>,
-) -> Result<Option<Simulation>> {
+) -> Result<(Option<Simulation>, u64)> {
     let (budget, mode) = match how {
         Placement::Arena => (capacity, BudgetMode::Physical),
         Placement::Logical(b) | Placement::Compacting(b) => (b, BudgetMode::Logical),
     };
     let (kind, sampling) = match entry {
         Entry::Online(kind, sampling) => (kind, sampling),
+        Entry::PerturbedScore(kind, _, _) => (kind, false),
         Entry::Configured => (config.policy, config.sampling),
         Entry::Learned(..) | Entry::Perturbed(..) => (config.policy, false),
     };
@@ -648,6 +737,7 @@ fn simulate(
             Box::new(oracle::learned_perturbed(k, future.clone(), e, seed))
         }
         Entry::Online(k, _) => make_policy(k, &sim_config),
+        Entry::PerturbedScore(_, score, seed) => Box::new(ScorePolicy::perturbed(score, seed)),
         Entry::Configured => make_policy(config.policy, &sim_config),
     };
     let log = Arc::new(Mutex::new(AllocLog::default()));
@@ -661,12 +751,14 @@ fn simulate(
         log: log.clone(),
     };
     let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
-    match run(&mut rt, rec, limit_ns) {
+    let ran = run(&mut rt, rec, limit_ns);
+    let work = rt.stats().candidates_offered + rec.events.len() as u64;
+    match ran {
         Ok(()) => {}
-        Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok(None),
+        Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok((None, work)),
         Err(e) => {
             tracing::debug!(target: "remat_dtr::plan", error = %e, "a simulation failed");
-            return Ok(None);
+            return Ok((None, work));
         }
     }
     let total_ns = rt.stats().total_compute_ns();
@@ -680,13 +772,14 @@ fn simulate(
             r.end = end;
         }
     }
-    Ok(Some(Simulation {
+    let sim = Simulation {
         total_ns,
         steps,
         requests: log.requests,
         offsets: log.offsets,
         peak,
-    }))
+    };
+    Ok((Some(sim), work))
 }
 
 /// Drive `rt` through the boundary state and the recorded events.
@@ -817,170 +910,4 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::op::FnOp;
-    use crate::stats::IterationReport;
-    use remat_alloc::plan::verify;
-
-    /// A training-like program: 12 weights; per iteration, forward through 12
-    /// activations of different sizes and costs (so prices differ), backward
-    /// reading them in reverse, in-place weight updates, `end_iteration`.
-    /// Returns the runtime, the weights' final values and the reports.
-    fn train(config: DtrConfig, iters: u64) -> (Runtime<u64>, Vec<u64>, Vec<IterationReport>) {
-        const MIB: u64 = 1 << 20;
-        let op = |seed: u64| -> Arc<dyn OpHandle<u64>> {
-            Arc::new(FnOp::new("op", move |ins: &[&u64]| {
-                Ok::<_, OpError>(vec![ins.iter().fold(seed, |h, v| h.rotate_left(5) ^ **v)])
-            }))
-        };
-        /// The optimizer's in-place update: not recomputable.
-        struct Update;
-        impl OpHandle<u64> for Update {
-            fn name(&self) -> &str {
-                "sgd"
-            }
-            fn compute(&self, ins: &[&u64]) -> std::result::Result<Vec<u64>, OpError> {
-                Ok(vec![ins[0] ^ ins[1].rotate_left(1)])
-            }
-            fn recomputable(&self) -> bool {
-                false
-            }
-        }
-        let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
-        let ws: Vec<TensorId> = (0..12).map(|i| rt.put(i, MIB).unwrap()).collect();
-        let mut reports = Vec::new();
-        for it in 0..iters {
-            let mut acts = vec![rt.put(it, 6 * MIB).unwrap()];
-            for (i, &w) in ws.iter().enumerate() {
-                let bytes = (4 + (i as u64 * 7) % 9) * MIB;
-                let cost = 1_000 + 350 * ((i as u64 * 5) % 11);
-                let prev = *acts.last().unwrap();
-                let h = rt.apply(op(i as u64), &[prev, w], &[OutputSpec::fresh(bytes)], cost);
-                acts.push(h.unwrap()[0]);
-            }
-            let mut d = *acts.last().unwrap();
-            rt.retain(d).unwrap();
-            for (i, &w) in ws.iter().enumerate().rev() {
-                let ins = [d, acts[i], w];
-                let nd = rt.apply(
-                    op(100 + i as u64),
-                    &ins,
-                    &[OutputSpec::fresh(6 * MIB)],
-                    2_000,
-                );
-                let nd = nd.unwrap()[0];
-                rt.mutate(Arc::new(Update), &[w, nd], &[0], 300).unwrap();
-                rt.release(d).unwrap();
-                rt.release(acts[i + 1]).unwrap();
-                d = nd;
-            }
-            rt.release(d).unwrap();
-            rt.release(acts[0]).unwrap();
-            reports.push(rt.end_iteration().unwrap());
-        }
-        let finals = ws.iter().map(|&w| *rt.access(w).unwrap()).collect();
-        (rt, finals, reports)
-    }
-
-    /// A physical budget of 70 % of [`train`]'s unbudgeted peak, where a
-    /// perturbed entry makes the cheapest plan.
-    fn seventy_percent() -> DtrConfig {
-        let peak = train(DtrConfig::default(), 1).0.stats().peak_live_bytes;
-        DtrConfig::default().with_budget(peak * 7 / 10)
-    }
-
-    /// The recording of [`train`]'s third iteration at [`seventy_percent`],
-    /// and that configuration.
-    fn recorded_step() -> (Arc<Recording>, DtrConfig) {
-        let config = seventy_percent();
-        let (rt, _, _) = train(config.clone(), 3);
-        let plan = rt.current_plan().expect("the third iteration is planned");
-        (plan.recording.clone(), config)
-    }
-
-    /// The perturbed copies only replace the plan with a cheaper one (here one
-    /// is cheaper), and planning is deterministic: the same recording gives
-    /// the same plan.
-    #[test]
-    fn perturbed_entries_only_make_a_plan_cheaper_and_planning_is_deterministic() {
-        let (rec, config) = recorded_step();
-        let limit = 10.0 * rec.compute_ns() as f64;
-        let off = config.clone().with_plan_restarts(0);
-        let plain = plan_iteration(&rec, &off, limit).unwrap().unwrap();
-        let searched = plan_iteration(&rec, &config, limit).unwrap().unwrap();
-        assert!(
-            searched.total_ns < plain.total_ns && searched.policy.contains('~'),
-            "{} ({}) against {} ({})",
-            searched.overhead(),
-            searched.policy,
-            plain.overhead(),
-            plain.policy
-        );
-        let budget = config.budget.unwrap();
-        assert!(searched.arena_bytes <= budget && plain.arena_bytes <= budget);
-        let again = plan_iteration(&rec, &config, limit).unwrap().unwrap();
-        assert_eq!(again.policy, searched.policy);
-        assert_eq!(again.offsets, searched.offsets);
-        assert_eq!(again.total_ns, searched.total_ns);
-    }
-
-    /// A plan made by a perturbed entry is followed like any other: no
-    /// divergence, and the weights after every step are bit-identical to an
-    /// unbudgeted run's.
-    #[test]
-    fn a_perturbed_plan_is_followed_bit_identically() {
-        let (_, reference, _) = train(DtrConfig::default(), 5);
-        let (rt, finals, reports) = train(seventy_percent(), 5);
-        assert_eq!(finals, reference);
-        let plan = rt.current_plan().expect("planned");
-        assert!(plan.policy.contains('~'), "{}", plan.policy);
-        for r in &reports[2..] {
-            assert!(r.planned && r.divergences == 0, "{r:?}");
-        }
-        assert!(rt.stats().planned_evictions > 0);
-    }
-
-    /// A plateau like an eviction schedule's (long lifetimes near the peak, short
-    /// ones across them): the constructive placements pass a budget that the
-    /// compacted one meets, and `placement` returns the compacted offsets.
-    #[test]
-    fn placement_compacts_a_plan_that_passes_the_budget() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
-        let mut requests = Vec::new();
-        for _ in 0..400 {
-            let start = next(1000) as usize;
-            let len = if next(4) == 0 {
-                200 + next(600)
-            } else {
-                1 + next(20)
-            } as usize;
-            requests.push(PlanRequest::new(512 * (1 + next(64)), start, start + len));
-        }
-        let plain = [Algorithm::SeedSim, Algorithm::GreedyBySize]
-            .into_iter()
-            .map(|a| place(&requests, a).unwrap().arena_bytes)
-            .min()
-            .unwrap();
-        let (_, compacted) = placement(&requests, 0);
-        assert!(compacted < plain, "{compacted} not below {plain}");
-        // A budget between the two: only compaction fits it.
-        let budget = compacted + (plain - compacted) / 2;
-        let (offsets, arena) = placement(&requests, budget);
-        assert!(arena <= budget, "{arena} > {budget}");
-        let plan = Plan {
-            offsets,
-            arena_bytes: arena,
-            max_live_bytes: remat_alloc::plan::max_live_bytes(&requests),
-        };
-        verify(&requests, &plan).unwrap();
-        // A budget the plain placement meets: returned without compaction.
-        assert_eq!(placement(&requests, plain).1, plain);
-    }
-}
+mod tests;
