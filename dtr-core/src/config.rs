@@ -15,7 +15,7 @@
 //! | `expandable_segments` | `on`/`off`: physical budgets grow expandable segments | `off` |
 //! | `plan_ahead` | `on`/`off`: plan each iteration from the last one at `end_iteration()` | `on` |
 //! | `plan_background` | `on`/`off`: plan on a background thread; the next iteration runs online and the plan is followed from the one after | `off` |
-//! | `plan_restarts` | 0 ..= 64: rounds of random restarts of the planner's learned entries (0: none) | `8` |
+//! | `plan_restarts` | 0 ..= 64: rounds of random restarts of the planner's learned entries, in both placements; a recording that is light to simulate also gets its full-scan entries restarted and, under a physical budget, more rounds in the flat arena, up to 64 (0: no restarts at all) | `8` |
 //! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`), and a regeneration whose own replays pass them keeps what it regenerates | `on` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
@@ -218,13 +218,16 @@ pub struct DtrConfig {
     /// program and the starting state repeat (see
     /// [`crate::Runtime::end_iteration`]).
     pub plan_background: bool,
-    /// Rounds of random restarts of the planner's learned and full-scan
-    /// entries, each a perturbed copy simulated exactly (see
-    /// [`crate::planner`]): more rounds can find cheaper plans and take longer
-    /// to plan; 0 turns them off. At most [`DtrConfig::MAX_PLAN_RESTARTS`].
-    /// Past these rounds, a recording that is light to simulate gets more, in
-    /// the flat arena only, while the planning work stays under a fixed
-    /// amount per recorded event, up to the maximum.
+    /// Rounds of random restarts of the planner's learned entries, each a
+    /// perturbed copy simulated exactly (see [`crate::planner`]): more rounds
+    /// can find cheaper plans and take longer to plan; 0 turns them off. At
+    /// most [`DtrConfig::MAX_PLAN_RESTARTS`]. These rounds run in both
+    /// placements. While the planning work stays under a fixed amount per
+    /// recorded event (a recording that is light to simulate), the full-scan
+    /// entries are restarted in them too, and, under a physical budget, more
+    /// rounds follow in the flat arena only, up to the maximum: so this is
+    /// the least number of rounds, not the most (only 0 turns every restart
+    /// off).
     pub plan_restarts: u32,
     /// With plan-ahead on, an online iteration whose replays pass its first
     /// computations finishes under MSPS, and its boundary restores

@@ -25,7 +25,7 @@ pub struct IterationPlan {
     pub recording: Arc<Recording>,
     /// What the simulation did before each allocation, in order.
     pub steps: Vec<PlanStep>,
-    /// Offsets of the allocations: first one per storage of [`Boundary::storages`],
+    /// Offsets of the allocations: first one per storage of [`crate::record::Boundary::storages`],
     /// then one per allocation of the iteration, in order.
     pub offsets: Vec<u64>,
     /// Rounded sizes of the same allocations (see [`crate::arena::arena_size`]).
@@ -37,8 +37,8 @@ pub struct IterationPlan {
     pub simulated_budget: u64,
     /// The portfolio entry that won and how it was placed (`arena`: best fit
     /// in a flat arena during the simulation; `placed`: logical simulation,
-    /// then the static planner; `logical`: logical budgets). A learned entry's
-    /// perturbed copy with seed `k` is named `<entry>~k`.
+    /// then the static planner; `logical`: logical budgets). A restarted
+    /// entry's perturbed copy with seed `k` is named `<entry>~k`.
     pub policy: String,
     /// Simulated first computations plus rematerializations (ns).
     pub total_ns: f64,

@@ -127,6 +127,10 @@ pub(crate) struct Graph {
     pub(crate) stack: Vec<StorageId>,
     pub(crate) roots: Vec<u32>,
     pub(crate) buf: Vec<StorageId>,
+    /// Neighbour links the neighbourhood walks examined (e*, regions, the
+    /// union-find's merges): with the candidates offered, the work of the
+    /// policy decisions, which the planner bounds its search by.
+    pub(crate) walk_steps: u64,
 }
 
 impl Graph {
@@ -232,15 +236,17 @@ impl Graph {
     /// Evicted storages adjacent to `s`: inputs of its producer and fresh outputs of
     /// its users, appended to `out`.
     fn evicted_neighbours(
-        &self,
+        &mut self,
         s: StorageId,
         out: &mut Vec<StorageId>,
         parents: bool,
         children: bool,
     ) {
+        let mut steps = 0;
         let r = self.st(s);
         if parents {
             if let Some(op) = r.producer {
+                steps += self.ops[op.0].unique_inputs.len();
                 for &i in &self.ops[op.0].unique_inputs {
                     if self.st(i).residency == Residency::Evicted {
                         out.push(i);
@@ -250,6 +256,7 @@ impl Graph {
         }
         if children {
             for &u in &r.users {
+                steps += self.ops[u.0].outputs.len();
                 for o in self.ops[u.0].outputs.iter().flatten() {
                     if self.st(*o).residency == Residency::Evicted {
                         out.push(*o);
@@ -257,6 +264,7 @@ impl Graph {
                 }
             }
         }
+        self.walk_steps += steps as u64;
     }
 
     /// Merge a freshly evicted `s` into the components of its evicted neighbours.

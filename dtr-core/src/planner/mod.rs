@@ -14,8 +14,9 @@
 //! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
 //! | `msps-full` | MSPS, full scan: recompute cost of the evicted lineage per byte, no staleness (no future) |
-//! | `<entry>~k` for the learned entries, `dtr-full` and `msps-full`, k = 1..=`plan_restarts` (8) | the entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
-//! | `<entry>~k`, k > `plan_restarts`, in the flat arena only | the same, while the planning work per recorded event is under `RESTART_WORK_PER_EVENT` (256), up to 64 rounds |
+//! | `<entry>~k` for the learned entries, k = 1..=`plan_restarts` (8) | the entry's price times a fixed random factor per storage (seed k), where the entry ran to the end |
+//! | `dtr-full~k`, `msps-full~k` | the same for the full-scan entries, while the planning work per recorded event is under `RESTART_WORK_PER_EVENT` (2 048) |
+//! | `<entry>~k`, k > `plan_restarts`, in the flat arena only | the same, while the planning work per recorded event is under that limit, up to 64 rounds |
 //!
 //! Each simulation runs under a *logical* budget B' and logs its allocations
 //! (with lifetimes) and its policy evictions (with the allocation they made room
@@ -25,8 +26,9 @@
 //! random restarts of the greedy schedules: each is simulated exactly, so
 //! they only ever replace the plan with a cheaper one. Their rounds are
 //! bounded by a deterministic measure of planning work (candidates offered to
-//! the policies plus events simulated), so a light recording searches longer
-//! and the plan never depends on the machine's speed. The cheapest entry whose
+//! the policies, the neighbour links their walks examined, and the recorded
+//! events driven), so a light recording searches longer and the plan never
+//! depends on the machine's speed. The cheapest entry whose
 //! arena fits the budget becomes the [`IterationPlan`]; the runtime adopts it
 //! only when it costs no more than the recorded iteration did (or, after an
 //! iteration the runtime had to rescue, no more than twice its first
@@ -106,15 +108,18 @@ impl Entry {
     }
 }
 
-/// Planning work per recorded event (candidates offered to the policies plus
-/// events simulated, over every simulation so far) below which restart rounds
+/// Planning work per recorded event (the policy decisions' work — candidates
+/// offered plus the neighbour links their walks examined — plus the recorded
+/// events driven, over every simulation so far) below which restart rounds
 /// go on past `plan_restarts`, in the flat arena only, up to
-/// [`DtrConfig::MAX_PLAN_RESTARTS`] rounds. The heaviest recordings measured
-/// (the DTR paper's lstm and treelstm, 5–6k ops, 0.7–0.8 ms of planning per
-/// op) spend 630–860 per event on the portfolio and the first eight rounds
-/// alone, so a light recording searches more without planning longer per op
-/// than they do.
-const RESTART_WORK_PER_EVENT: u64 = 256;
+/// [`DtrConfig::MAX_PLAN_RESTARTS`] rounds, and below which the full-scan
+/// entries are restarted at all. The heavy recordings measured (the DTR
+/// paper's lstm and treelstm, 5–6k ops, 0.5–0.8 ms of planning per op) spend
+/// 4 600–11 500 per event on the portfolio and the first eight rounds alone,
+/// and remat-burn's 4 949-op test model 23 000–43 000 on the portfolio, so a
+/// light recording searches more without planning longer per event than
+/// they do.
+const RESTART_WORK_PER_EVENT: u64 = 2048;
 
 const PORTFOLIO: [(&str, Entry); 6] = [
     (
@@ -152,8 +157,9 @@ enum Placement {
     Compacting(u64),
 }
 
-/// Whether restart round `seed` (1-based) runs, and if so whether it is an
-/// extra round (past `plan_restarts`: flat arena only): rounds up to
+/// Whether restart round `seed` (1-based, at most
+/// [`DtrConfig::MAX_PLAN_RESTARTS`]) runs, and if so whether it is an extra
+/// round (past `plan_restarts`: flat arena only): rounds up to
 /// `plan_restarts` always run (none when it is 0); an extra one only while
 /// some entry competed in the arena and the planning work is under `limit`.
 fn restart_round(
@@ -164,22 +170,31 @@ fn restart_round(
     limit: u64,
 ) -> Option<bool> {
     let extra = seed > plan_restarts;
-    let runs = plan_restarts > 0
-        && seed <= DtrConfig::MAX_PLAN_RESTARTS
-        && (!extra || (in_arena && work < limit));
+    let runs = plan_restarts > 0 && (!extra || (in_arena && work < limit));
     runs.then_some(extra)
 }
 
 /// Plan the iteration after `rec` under `config`'s budget. `measured_ns` is the
 /// most a plan may cost: what the recorded iteration cost (first computations
 /// plus rematerializations), or more after a rescued one. It is also what
-/// simulations are cut off by, so it decides which learned entries run to the
-/// end and are restarted. `Ok(None)`: no entry fits, or none is cheap enough;
-/// a setting out of range is an [`Error::Config`].
+/// simulations are cut off by, so it decides which entries run to the end and
+/// are restarted. `Ok(None)`: no entry fits, or none is cheap enough; a
+/// setting out of range is an [`Error::Config`].
 pub(crate) fn plan_iteration(
     rec: &Arc<Recording>,
     config: &DtrConfig,
     measured_ns: f64,
+) -> Result<Option<IterationPlan>> {
+    plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT)
+}
+
+/// [`plan_iteration`] with extra restart rounds while the planning work per
+/// recorded event is under `work_per_event`.
+fn plan_with_work_limit(
+    rec: &Arc<Recording>,
+    config: &DtrConfig,
+    measured_ns: f64,
+    work_per_event: u64,
 ) -> Result<Option<IterationPlan>> {
     config.check()?;
     let Some(budget) = config.budget else {
@@ -217,10 +232,13 @@ pub(crate) fn plan_iteration(
     // per recorded event stays under `RESTART_WORK_PER_EVENT`, more rounds in
     // the flat arena only, whose placement is part of the simulation and so
     // of the work counted (a static placement and its compaction are not).
+    // The full-scan entries' copies run only while the work is under it, in
+    // any round.
     // (Perturbing every learned entry in both placements too found more on
     // resnet32 at up to 5x the planning time: docs/dtr-results.md.)
-    let work_limit = RESTART_WORK_PER_EVENT.saturating_mul(rec.events.len() as u64);
+    let work_limit = work_per_event.saturating_mul(rec.events.len() as u64);
     let in_any_arena = competitive.iter().any(|&(_, _, (in_arena, _))| in_arena);
+    // Rounds that simulated a copy (none where no entry competed).
     let mut rounds = 0;
     for seed in 1..=DtrConfig::MAX_PLAN_RESTARTS {
         let Some(extra) = restart_round(
@@ -232,13 +250,21 @@ pub(crate) fn plan_iteration(
         ) else {
             break;
         };
-        let seed = u64::from(seed);
+        let simulated = planner.simulations;
         for &(name, entry, (in_arena, placed)) in &competitive {
-            if let Some(copy) = entry.restarted(seed) {
+            // A full-scan entry's simulation walks whole evicted regions at
+            // every decision: its copies run only while planning is light.
+            let full_scan = matches!(entry, Entry::Online(..));
+            if full_scan && planner.work >= work_limit {
+                continue;
+            }
+            if let Some(copy) = entry.restarted(u64::from(seed)) {
                 planner.try_entry(name, copy, in_arena, placed && !extra)?;
             }
         }
-        rounds = seed as u32;
+        if planner.simulations > simulated {
+            rounds = seed;
+        }
     }
     let Planner {
         best, simulations, ..
@@ -267,7 +293,7 @@ pub(crate) fn plan_iteration(
 /// `max_overhead` or follow what [`plan_iteration`] makes at the budget (a
 /// plan placed without moving blocks), planned with the simulated online
 /// step's cost as its bound, as the runtime plans with its recorded step's
-/// (which decides what the planner cuts off and which learned entries it
+/// (which decides what the planner cuts off and which entries it
 /// restarts). Each bisection step runs the whole planner, restarts included
 /// (`plan_restarts:0` makes the query faster and may raise its answer). (Asking the compacting arena for the
 /// portfolio's plans too answered budgets at which no plan could be placed,
@@ -313,7 +339,7 @@ pub(crate) fn min_feasible_budget(
         // The steps after the first follow a plan if the planner makes one
         // within the limit, so ask the planner itself, bounded as the runtime
         // bounds it by the step it recorded: the simulated online step's cost
-        // (what simulations are cut off by, and so which learned entries are
+        // (what simulations are cut off by, and so which entries are
         // restarted; here above the limit), then held to the limit. This
         // approximates the runtime: its recorded step may have been rescued
         // (the simulation has no rescues), and its bound is then at least 2×
@@ -389,7 +415,7 @@ struct Planner<'a> {
     /// The largest simulated budget at which a placed schedule fitted.
     placed_fit: Option<u64>,
     simulations: u32,
-    /// Candidates offered to the policies plus events simulated, over every
+    /// [`Runtime::decision_work`] plus the recorded events driven, over every
     /// simulation so far (cut-off ones included): a deterministic measure of
     /// the planning time spent.
     work: u64,
@@ -701,8 +727,7 @@ impl OpHandle<()> for SimOp {
 }
 
 /// Replay `rec` under a logical budget of `budget` with the entry's policy,
-/// with the work it took (candidates offered to the policy plus events, see
-/// `Planner::work`). `None`: infeasible (an impossible budget, or past
+/// with the work it took (see `Planner::work`). `None`: infeasible (an impossible budget, or past
 /// `limit_ns`).
 fn simulate(
     rec: &Recording,
@@ -751,8 +776,9 @@ fn simulate(
         log: log.clone(),
     };
     let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
-    let ran = run(&mut rt, rec, limit_ns);
-    let work = rt.stats().candidates_offered + rec.events.len() as u64;
+    let mut events = 0;
+    let ran = run(&mut rt, rec, limit_ns, &mut events);
+    let work = rt.decision_work() + events;
     match ran {
         Ok(()) => {}
         Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok((None, work)),
@@ -783,7 +809,8 @@ fn simulate(
 }
 
 /// Drive `rt` through the boundary state and the recorded events.
-fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
+/// `events` counts the recorded events driven (for the planning work).
+fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64, events: &mut u64) -> Result<()> {
     let view: Arc<dyn OpHandle<()>> = Arc::new(SimOp {
         fresh: 0,
         recomputable: true,
@@ -831,6 +858,7 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64) -> Result<()> {
     // the limit cannot win, so it stops at once instead of at the limit.
     let mut ahead = rec.compute_ns() as f64;
     for ev in &rec.events {
+        *events += 1;
         ahead -= ev.cost_ns() as f64;
         let spent = rt.stats().total_compute_ns();
         if spent + ahead.max(0.0) > limit_ns * (1.0 + 1e-9) {

@@ -106,6 +106,8 @@ fn perturbed_entries_only_make_a_plan_cheaper_and_planning_is_deterministic() {
     assert_eq!(again.policy, searched.policy);
     assert_eq!(again.offsets, searched.offsets);
     assert_eq!(again.total_ns, searched.total_ns);
+    assert_eq!(again.simulations, searched.simulations);
+    assert_eq!(again.restart_rounds, searched.restart_rounds);
 }
 
 /// A plan made by a perturbed entry is followed like any other: no
@@ -136,36 +138,56 @@ fn restart_rounds_run_as_configured_then_while_the_work_allows() {
     assert_eq!(restart_round(9, 8, true, 100, 100), None);
     assert_eq!(restart_round(9, 8, false, 0, 100), None);
     assert_eq!(restart_round(max, 8, true, 0, 100), Some(true));
-    assert_eq!(restart_round(max + 1, 8, true, 0, 100), None);
+    assert_eq!(restart_round(max, max, false, u64::MAX, 0), Some(false));
     assert_eq!(restart_round(1, 0, true, 0, 100), None);
 }
 
-/// On a light recording the planner runs extra rounds past
-/// `plan_restarts`, up to the maximum, and none with `plan_restarts:0`.
+/// Past `plan_restarts`, rounds go on while the work is under the limit:
+/// none with a limit of 0, all 64 with no limit, more with a larger limit
+/// and stopping part-way with some, some on this light recording with the
+/// default one; none at all with `plan_restarts:0`. Extra rounds simulate in
+/// the flat arena alone.
 #[test]
-fn a_light_recording_gets_extra_restart_rounds() {
+fn extra_restart_rounds_follow_the_work_limit() {
     let (rec, config) = recorded_step();
     let limit = 10.0 * rec.compute_ns() as f64;
-    let plan = |c: &DtrConfig| plan_iteration(&rec, c, limit).unwrap().unwrap();
-    let eight = plan(&config);
+    let max = DtrConfig::MAX_PLAN_RESTARTS;
+    let plan =
+        |c: &DtrConfig, work: u64| plan_with_work_limit(&rec, c, limit, work).unwrap().unwrap();
+    assert_eq!(plan(&config, 0).restart_rounds, 8);
+    let unbounded = plan(&config, u64::MAX);
+    assert_eq!(unbounded.restart_rounds, max);
+    let default = plan(&config, RESTART_WORK_PER_EVENT);
     assert!(
-        eight.restart_rounds > 8 && eight.restart_rounds <= DtrConfig::MAX_PLAN_RESTARTS,
+        default.restart_rounds > 8 && default.restart_rounds <= max,
         "{} rounds",
-        eight.restart_rounds
+        default.restart_rounds
     );
-    let all = plan(
-        &config
-            .clone()
-            .with_plan_restarts(DtrConfig::MAX_PLAN_RESTARTS),
+    // Rounds grow with the limit, and some limit stops them part-way: the
+    // work counted so far decides.
+    let rounds: Vec<u32> = (0..=16)
+        .map(|k| plan(&config, k * RESTART_WORK_PER_EVENT / 16).restart_rounds)
+        .collect();
+    assert!(rounds.windows(2).all(|w| w[0] <= w[1]), "{rounds:?}");
+    assert!(rounds.iter().any(|&r| r > 8 && r < max), "{rounds:?}");
+    assert_eq!(rounds[16], default.restart_rounds);
+    let public = plan_iteration(&rec, &config, limit).unwrap().unwrap();
+    assert_eq!(public.restart_rounds, default.restart_rounds);
+    assert_eq!(public.policy, default.policy);
+    let none = plan(&config.clone().with_plan_restarts(0), u64::MAX);
+    assert_eq!(none.restart_rounds, 0);
+    // 64 rounds in both placements simulate more than 8 in both and 56 in
+    // the arena alone, and every simulation of the latter is one of the
+    // former's: never cheaper.
+    let all = plan(&config.clone().with_plan_restarts(max), u64::MAX);
+    assert_eq!(all.restart_rounds, max);
+    assert!(
+        unbounded.simulations < all.simulations,
+        "{} against {}",
+        unbounded.simulations,
+        all.simulations
     );
-    assert_eq!(all.restart_rounds, DtrConfig::MAX_PLAN_RESTARTS);
-    assert_eq!(
-        plan(&config.clone().with_plan_restarts(0)).restart_rounds,
-        0
-    );
-    // Every simulation of `eight` is one of `all`'s (extra rounds are
-    // its rounds 9.. in the arena alone): never cheaper than `all`.
-    assert!(all.total_ns <= eight.total_ns);
+    assert!(all.total_ns <= unbounded.total_ns);
 }
 
 /// A full-scan score entry's perturbed copy is a consistent schedule: the
@@ -180,7 +202,8 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
         let how = Placement::Logical(budget);
         let (sim, work) =
             simulate(&rec, &config, entry, how, budget, f64::INFINITY, &future).unwrap();
-        assert!(work >= rec.events.len() as u64);
+        // Decisions at 70 % offered candidates beyond the events driven.
+        assert!(work > rec.events.len() as u64, "{work}");
         let sim = sim.expect("feasible");
         (sim.total_ns, sim.steps)
     };
@@ -192,6 +215,10 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
     };
     assert_eq!(sim(copy(3)), sim(copy(3)));
     assert!((1..=8).any(|seed| sim(copy(seed)) != plain));
+    assert!(Entry::Online(PolicyKind::Msps, false)
+        .restarted(1)
+        .is_some());
+    assert!(Entry::Online(PolicyKind::Dtr, true).restarted(1).is_none());
     assert!(Entry::Online(PolicyKind::Remat, false)
         .restarted(1)
         .is_none());

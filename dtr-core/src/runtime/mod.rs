@@ -1,8 +1,8 @@
 //! [`Runtime`]: the DTR interpreter — put, apply, record, access, release, pin,
 //! unpin, evict — over a [`MemoryModel`] and an [`EvictionPolicy`].
 //!
-//! Modules: [`regen`] makes evicted storages resident again (the work list
-//! behind every read of an evicted value); [`iteration`] records iterations,
+//! Modules: `regen` makes evicted storages resident again (the work list
+//! behind every read of an evicted value); `iteration` records iterations,
 //! plans the next one at each boundary and follows the plan.
 
 use std::sync::Arc;
@@ -115,7 +115,7 @@ pub struct Runtime<V> {
     /// when it ends.
     kept: Vec<StorageId>,
     /// Iterations: the recorder, the plan being followed, the counters that name
-    /// storages and allocations within the iteration (see [`iteration`]).
+    /// storages and allocations within the iteration (see `iteration`).
     iter: IterationState,
 }
 
@@ -207,6 +207,13 @@ impl<V> Runtime<V> {
     /// The config.
     pub fn config(&self) -> &DtrConfig {
         &self.config
+    }
+
+    /// The work of the policy decisions so far: candidates offered plus the
+    /// neighbour links their walks examined (the planner's measure of a
+    /// simulation's cost; deterministic, unlike a clock).
+    pub(crate) fn decision_work(&self) -> u64 {
+        self.stats.candidates_offered + self.graph.walk_steps
     }
 
     /// Counters.
@@ -1497,7 +1504,6 @@ impl<V> Runtime<V> {
         self.refresh_by_ptr();
         let defragmenting = self.defragmenting();
         self.fill_pool();
-        self.stats.candidates_offered += self.pool.len() as u64;
         self.victims.clear();
         if self.pool.is_empty() {
             return;
@@ -1525,6 +1531,7 @@ impl<V> Runtime<V> {
         self.choose_victims(request);
         let elapsed = start.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         self.stats.decisions += 1;
+        self.stats.candidates_offered += self.pool.len() as u64;
         if self.record_decisions {
             self.decision_ns.push(elapsed);
         }
