@@ -727,8 +727,8 @@ impl OpHandle<()> for SimOp {
 }
 
 /// Replay `rec` under a logical budget of `budget` with the entry's policy,
-/// with the work it took (see `Planner::work`). `None`: infeasible (an impossible budget, or past
-/// `limit_ns`).
+/// with the work it took (see `Planner::work`). `None`: infeasible (an
+/// impossible budget, or past `limit_ns`).
 fn simulate(
     rec: &Recording,
     config: &DtrConfig,
