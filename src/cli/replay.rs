@@ -256,8 +256,8 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                     },
                     match (&it.next_plan, it.planning) {
                         (Some(p), _) => format!(
-                            "; next: plan {} (simulated {:.4}, {:.0} ms)",
-                            p.policy, p.overhead, p.plan_ms
+                            "; next: plan {} (simulated {:.4}, {:.0} ms, {} simulations, {} restart rounds)",
+                            p.policy, p.overhead, p.plan_ms, p.simulations, p.restart_rounds
                         ),
                         (None, Some(remat_dtr::PlanStatus::Planning)) => {
                             "; next: online, planning this one in the background".to_string()
