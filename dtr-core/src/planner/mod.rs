@@ -55,7 +55,7 @@ use crate::memory::{
     AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, RequestShape, Slot,
 };
 use crate::op::{OpHandle, OutputSpec};
-use crate::policy::{make_policy, EvictionPolicy, ScoreKind, ScorePolicy};
+use crate::policy::{make_policy, score_kind, EvictionPolicy, ScoreKind, ScorePolicy};
 use crate::record::{Event, Recording, Ref};
 use crate::replay::oracle::{self, EStar, Future, OracleKind};
 use crate::replay::FIRST_ITERATION_LIMIT;
@@ -92,15 +92,11 @@ impl Entry {
 
     /// This entry's copy under restart `seed`, for the entries that have
     /// one: the learned entries and the full-scan score policies.
-    fn restarted(self, seed: u64) -> Option<Entry> {
+    fn restarted(self, seed: u64, config: &DtrConfig) -> Option<Entry> {
         match self {
             Entry::Learned(kind, e_star) => Some(Entry::Perturbed(kind, e_star, seed)),
             Entry::Online(kind, false) => {
-                let score = match kind {
-                    PolicyKind::Dtr => ScoreKind::DtrExact,
-                    PolicyKind::Msps => ScoreKind::Msps,
-                    _ => return None,
-                };
+                let score = score_kind(kind, config)?;
                 Some(Entry::PerturbedScore(kind, score, seed))
             }
             _ => None,
@@ -221,7 +217,7 @@ fn plan_with_work_limit(
     let mut competitive = Vec::new();
     for (name, entry) in PORTFOLIO {
         let done = planner.try_entry(name, entry, physical, true)?;
-        if entry.restarted(1).is_some() {
+        if entry.restarted(1, config).is_some() {
             competitive.push((name, entry, done));
         }
     }
@@ -258,7 +254,7 @@ fn plan_with_work_limit(
             if full_scan && planner.work >= work_limit {
                 continue;
             }
-            if let Some(copy) = entry.restarted(u64::from(seed)) {
+            if let Some(copy) = entry.restarted(u64::from(seed), config) {
                 planner.try_entry(name, copy, in_arena, placed && !extra)?;
             }
         }

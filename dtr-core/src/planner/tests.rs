@@ -210,19 +210,21 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
     let plain = sim(Entry::Online(PolicyKind::Dtr, false));
     let copy = |seed| {
         Entry::Online(PolicyKind::Dtr, false)
-            .restarted(seed)
+            .restarted(seed, &config)
             .unwrap()
     };
     assert_eq!(sim(copy(3)), sim(copy(3)));
     assert!((1..=8).any(|seed| sim(copy(seed)) != plain));
     assert!(Entry::Online(PolicyKind::Msps, false)
-        .restarted(1)
+        .restarted(1, &config)
         .is_some());
-    assert!(Entry::Online(PolicyKind::Dtr, true).restarted(1).is_none());
-    assert!(Entry::Online(PolicyKind::Remat, false)
-        .restarted(1)
+    assert!(Entry::Online(PolicyKind::Dtr, true)
+        .restarted(1, &config)
         .is_none());
-    assert!(Entry::Configured.restarted(1).is_none());
+    assert!(Entry::Online(PolicyKind::Remat, false)
+        .restarted(1, &config)
+        .is_none());
+    assert!(Entry::Configured.restarted(1, &config).is_none());
 }
 
 /// A plateau like an eviction schedule's (long lifetimes near the peak, short

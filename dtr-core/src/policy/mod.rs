@@ -55,17 +55,26 @@ pub trait EvictionPolicy: Send {
 
 /// The policy for a [`PolicyKind`] with the config's parameters.
 pub fn make_policy(kind: PolicyKind, config: &DtrConfig) -> Box<dyn EvictionPolicy> {
-    match kind {
-        PolicyKind::Remat => Box::new(RematPolicy::new(!config.sampling)),
-        PolicyKind::Dtr => Box::new(ScorePolicy::new(ScoreKind::DtrExact)),
-        PolicyKind::DtrEq => Box::new(ScorePolicy::new(ScoreKind::DtrEq)),
-        PolicyKind::DtrLocal => Box::new(ScorePolicy::new(ScoreKind::DtrLocal)),
-        PolicyKind::Msps => Box::new(ScorePolicy::new(ScoreKind::Msps)),
-        PolicyKind::Lru => Box::new(ScorePolicy::new(ScoreKind::Lru)),
-        PolicyKind::LargestFirst => Box::new(ScorePolicy::new(ScoreKind::LargestFirst)),
-        PolicyKind::MegEngine => Box::new(ScorePolicy::new(ScoreKind::MegEngine(config.megengine))),
-        PolicyKind::Coop => Box::new(CoopWindow),
+    match (kind, score_kind(kind, config)) {
+        (_, Some(score)) => Box::new(ScorePolicy::new(score)),
+        (PolicyKind::Coop, None) => Box::new(CoopWindow),
+        _ => Box::new(RematPolicy::new(!config.sampling)),
     }
+}
+
+/// The score a [`PolicyKind`] evicts by, for the [`ScorePolicy`] kinds
+/// (`None`: remat and Coop, which are not a score over candidates).
+pub(crate) fn score_kind(kind: PolicyKind, config: &DtrConfig) -> Option<ScoreKind> {
+    Some(match kind {
+        PolicyKind::Dtr => ScoreKind::DtrExact,
+        PolicyKind::DtrEq => ScoreKind::DtrEq,
+        PolicyKind::DtrLocal => ScoreKind::DtrLocal,
+        PolicyKind::Msps => ScoreKind::Msps,
+        PolicyKind::Lru => ScoreKind::Lru,
+        PolicyKind::LargestFirst => ScoreKind::LargestFirst,
+        PolicyKind::MegEngine => ScoreKind::MegEngine(config.megengine),
+        PolicyKind::Remat | PolicyKind::Coop => return None,
+    })
 }
 
 /// Everything a policy may read during one decision. Methods that walk the graph
