@@ -74,8 +74,10 @@ mod greedy;
 mod seed_sim;
 #[cfg(test)]
 mod tests;
+mod workload;
 
 pub use compact::{compact, compact_within};
+pub use workload::plateau;
 
 pub use arena::{
     ArenaAllocation, ArenaConfig, ArenaMode, ArenaSnapshot, ArenaStats, PlannedArena, PlannedBlock,

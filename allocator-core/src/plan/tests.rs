@@ -120,23 +120,7 @@ fn compaction_leaves_inputs_past_its_pair_limit_unchanged() {
 /// lifetimes). Compaction must lower every constructive planner's arena here.
 #[test]
 fn compaction_lowers_plateau_plans() {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
-    let mut r = Vec::new();
-    for _ in 0..400 {
-        let start = next(1000) as usize;
-        let len = if next(4) == 0 {
-            200 + next(600)
-        } else {
-            1 + next(20)
-        } as usize;
-        r.push(Request::new(512 * (1 + next(64)), start, start + len));
-    }
+    let r = plateau(400, 0x9e37_79b9_7f4a_7c15);
     for a in [Algorithm::GreedyBySize, Algorithm::SeedSim] {
         let p = plan(&r, a).unwrap();
         let c = compact(&r, &p).unwrap();

@@ -232,23 +232,7 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
 /// compacted one meets, and `placement` returns the compacted offsets.
 #[test]
 fn placement_compacts_a_plan_that_passes_the_budget() {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
-    let mut requests = Vec::new();
-    for _ in 0..400 {
-        let start = next(1000) as usize;
-        let len = if next(4) == 0 {
-            200 + next(600)
-        } else {
-            1 + next(20)
-        } as usize;
-        requests.push(PlanRequest::new(512 * (1 + next(64)), start, start + len));
-    }
+    let requests = remat_alloc::plan::plateau(400, 0x9e37_79b9_7f4a_7c15);
     let plain = [Algorithm::SeedSim, Algorithm::GreedyBySize]
         .into_iter()
         .map(|a| place(&requests, a).unwrap().arena_bytes)
