@@ -29,6 +29,17 @@ pub(crate) fn price_factor(seed: u64, seq: u64) -> f64 {
     (PERTURBATION * (2.0 * u - 1.0)).exp()
 }
 
+/// `price` under restart `seed` for storage `seq`: times its
+/// [`price_factor`], or unchanged when `seed` is 0 (no perturbation).
+#[inline]
+pub(crate) fn perturb(price: f64, seed: u64, seq: u64) -> f64 {
+    if seed == 0 {
+        price
+    } else {
+        price * price_factor(seed, seq)
+    }
+}
+
 /// SplitMix64 (Steele, Lea, Flood 2014).
 #[derive(Debug, Clone)]
 pub struct SplitMix64(u64);

@@ -101,10 +101,8 @@ impl EvictionPolicy for ScorePolicy {
         let mut best: Option<(f64, StorageId)> = None;
         for i in 0..view.pool().len() {
             let s = view.pool()[i];
-            let mut sc = self.score(view, s);
-            if self.perturbation != 0 {
-                sc *= crate::rng::price_factor(self.perturbation, u64::from(view.seq(s)));
-            }
+            let sc = self.score(view, s);
+            let sc = crate::rng::perturb(sc, self.perturbation, u64::from(view.seq(s)));
             // Ties go to the earlier candidate: deterministic for a seed.
             if best.is_none_or(|(b, _)| sc < b) {
                 best = Some((sc, s));

@@ -286,10 +286,7 @@ impl OraclePolicy {
     /// its next read (next-use).
     fn cost(&self, p: Option<&Progress>, v: &mut DecisionView<'_>, s: StorageId) -> f64 {
         let c = self.cost_plain(p, v, s);
-        if self.perturbation == 0 {
-            return c;
-        }
-        c * crate::rng::price_factor(self.perturbation, v.seq(s) as u64)
+        crate::rng::perturb(c, self.perturbation, u64::from(v.seq(s)))
     }
 
     /// [`OraclePolicy::cost`] before the perturbation.
