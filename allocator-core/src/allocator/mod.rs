@@ -10,9 +10,11 @@ mod expandable;
 mod invariants;
 #[cfg(test)]
 mod reference;
+mod release;
 mod state;
 #[cfg(test)]
 mod tests;
+mod views;
 
 use crate::block::BlockId;
 use crate::config::AllocatorConfig;
