@@ -13,7 +13,7 @@ use crate::config::AllocatorConfig;
 use crate::device::{Device, DeviceError, DevicePtr, EventId, StreamId};
 use crate::error::Error;
 use crate::pool::{bin_of, BlockPool, Slot};
-use crate::size::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
+use crate::size::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::{HistoryConfig, TraceAction, TraceEntry};
 use crate::stats::Counters;
 use crate::Result;
@@ -25,10 +25,18 @@ use crate::Result;
 const INITIAL_BLOCK_CAPACITY: usize = 1024;
 
 /// Bins a fresh allocator makes for its default stream in the small pool:
-/// every small-pool size (48 bytes each, 11 KiB).
-const SMALL_POOL_BINS: usize = bin_of(SMALL_SIZE) + 1;
-/// The same in the large pool: sizes below 1 GiB (26 KiB).
+/// every size a small-pool block can have, up to a whole 2 MiB segment (a
+/// free block merged back to its segment's size; 48 bytes each, 13 KiB).
+const SMALL_POOL_BINS: usize = bin_of(SMALL_BUFFER) + 1;
+/// The same in the large pool: at least the sizes below 1 GiB (26 KiB), and
+/// every size up to the device's memory where that is more (80 GiB: 35 KiB),
+/// so that no block the device can back ever grows the bins.
 const LARGE_POOL_BINS: usize = bin_of(1 << 30);
+
+/// Bins made for the large pool's default stream on a device of `total` bytes.
+fn large_pool_bins(total: usize) -> usize {
+    LARGE_POOL_BINS.max(bin_of(total) + 1)
+}
 
 /// True when `config` rounds every request to a multiple of 512 B only (no
 /// `roundup_power2_divisions` band above 1).
@@ -180,7 +188,7 @@ impl State {
             config,
             blocks: BlockArena::with_capacity(INITIAL_BLOCK_CAPACITY),
             small: BlockPool::with_stream(StreamId::DEFAULT, SMALL_POOL_BINS),
-            large: BlockPool::with_stream(StreamId::DEFAULT, LARGE_POOL_BINS),
+            large: BlockPool::with_stream(StreamId::DEFAULT, large_pool_bins(device_total)),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
             memory_fraction: 1.0,
