@@ -65,6 +65,17 @@ const FRAGMENTED_SHARE: f64 = 0.2;
 /// (see [`Runtime::plan_bound`]).
 const RESCUED_PLAN_LIMIT: f64 = 2.0;
 
+/// Whether `report`, an iteration that ran online from start to end, did not
+/// repeat the cost of the one before it, which ran online too (`last`: its
+/// first computations and replays, ns): the same computations (the same
+/// program), other replays.
+fn unrepeated(last: Option<(f64, f64)>, report: &IterationReport) -> bool {
+    !report.planned
+        && last.is_some_and(|(compute, remat)| {
+            compute == report.compute_ns && remat != report.remat_ns
+        })
+}
+
 /// A plan being made on a background thread from `recording`.
 pub(crate) struct PendingPlan {
     recording: Arc<Recording>,
@@ -136,6 +147,9 @@ pub(crate) struct IterationState {
     /// Order regeneration inputs by creation, not slab index (while following
     /// a plan, and in simulations that make one).
     pub stable_order: bool,
+    /// First computations and replays (ns) of the last iteration, when it ran
+    /// online from start to end (see [`Runtime::plan_bound`]).
+    pub last_online: Option<(f64, f64)>,
 }
 
 /// Names of tensors by handle: a table indexed by the tensor's slab index
@@ -595,6 +609,9 @@ impl<V> Runtime<V> {
         }
         let previous = self.iter.plan.take();
         let mut next = None;
+        let unrepeated = unrepeated(self.iter.last_online, &report);
+        self.iter.last_online = (!report.planned).then_some((report.compute_ns, report.remat_ns));
+        let bound = Self::plan_bound(&report, unrepeated);
         report.planning = match recorded {
             _ if !self.iter.enabled => PlanStatus::Off,
             None => PlanStatus::NotRecorded,
@@ -608,15 +625,12 @@ impl<V> Runtime<V> {
                     PlanStatus::Kept
                 }
                 _ if self.config.plan_background => {
-                    let measured = Self::plan_bound(&report);
-                    let (plan, status) = self.plan_in_background(rec, measured)?;
+                    let (plan, status) = self.plan_in_background(rec, bound)?;
                     next = plan.map(Arc::new);
                     status
                 }
                 _ => {
-                    let measured = Self::plan_bound(&report);
-                    next =
-                        crate::planner::plan_iteration(&rec, &self.config, measured)?.map(Arc::new);
+                    next = crate::planner::plan_iteration(&rec, &self.config, bound)?.map(Arc::new);
                     if next.is_some() {
                         PlanStatus::Planned
                     } else {
@@ -756,10 +770,15 @@ impl<V> Runtime<V> {
     /// them (treelstm at 0.25: two online iterations at 1.263 and 1.262, then
     /// one from the same state that thrashes). Its plan, whose cost is exact,
     /// is then taken up to [`RESCUED_PLAN_LIMIT`] times the first
-    /// computations.
-    fn plan_bound(report: &IterationReport) -> f64 {
+    /// computations. So is the plan after an online iteration that did not
+    /// repeat the cost of the online one before it (`unrepeated`: the same
+    /// computations, other replays), for the same reason: the next online
+    /// iteration may cost anything (unroll_gan with perturbed costs at 0.3:
+    /// 1.125 and 1.134 online, no plan cheaper than either, then a third
+    /// online iteration that thrashes).
+    fn plan_bound(report: &IterationReport, unrepeated: bool) -> f64 {
         let measured = report.compute_ns + report.remat_ns;
-        if report.rescued {
+        if report.rescued || unrepeated {
             measured.max(RESCUED_PLAN_LIMIT * report.compute_ns)
         } else {
             measured
@@ -965,6 +984,51 @@ impl<V> Runtime<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn report(planned: bool, compute_ns: f64, remat_ns: f64, rescued: bool) -> IterationReport {
+        IterationReport {
+            index: 1,
+            planned,
+            divergences: 0,
+            compute_ns,
+            remat_ns,
+            evictions: 0,
+            rematerializations: 0,
+            arena_bytes: None,
+            rescued,
+            next_plan: None,
+            planning: PlanStatus::NotRecorded,
+        }
+    }
+
+    #[test]
+    fn a_plan_may_cost_up_to_2x_after_a_rescued_or_unrepeated_online_iteration() {
+        let online = report(false, 100.0, 10.0, false);
+        // The same program online twice at two costs: not repeating.
+        assert!(unrepeated(Some((100.0, 12.0)), &online));
+        // The same cost, another program, no online iteration before, or an
+        // iteration that started on a plan: nothing to say.
+        assert!(!unrepeated(Some((100.0, 10.0)), &online));
+        assert!(!unrepeated(Some((90.0, 12.0)), &online));
+        assert!(!unrepeated(None, &online));
+        assert!(!unrepeated(
+            Some((100.0, 12.0)),
+            &report(true, 100.0, 10.0, false)
+        ));
+        // The bound: what the iteration cost, or up to 2× its computations.
+        type R = Runtime<()>;
+        assert_eq!(R::plan_bound(&online, false), 110.0);
+        assert_eq!(R::plan_bound(&online, true), 200.0);
+        assert_eq!(
+            R::plan_bound(&report(false, 100.0, 10.0, true), false),
+            200.0
+        );
+        // An iteration that cost more than 2× is its own bound.
+        assert_eq!(
+            R::plan_bound(&report(false, 100.0, 150.0, false), true),
+            250.0
+        );
+    }
 
     #[test]
     fn ref_table_names_handles_like_a_map() {
