@@ -25,8 +25,9 @@ use crate::Result;
 const INITIAL_BLOCK_CAPACITY: usize = 1024;
 
 /// Bins a fresh allocator makes for its default stream in the small pool:
-/// every size a small-pool block can have, up to a whole 2 MiB segment (a
-/// free block merged back to its segment's size; 48 bytes each, 13 KiB).
+/// every size up to a whole 2 MiB segment (a free block merged back to its
+/// segment's size; larger small-pool blocks exist only in expandable
+/// segments; 48 bytes each, 12 KiB).
 const SMALL_POOL_BINS: usize = bin_of(SMALL_BUFFER) + 1;
 /// The same in the large pool: at least the sizes below 1 GiB (26 KiB), and
 /// every size up to the device's memory where that is more (80 GiB: 35 KiB),

@@ -1,4 +1,5 @@
-//! Read-only views of `State`: the memory snapshot and the block list.
+//! Views of `State`: the memory snapshot (which records its own trace entry)
+//! and the block list.
 
 use super::state::State;
 use super::BlockInfo;

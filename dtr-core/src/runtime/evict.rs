@@ -1,6 +1,8 @@
 //! Eviction: placing allocations under the budget (evicting while the memory
 //! model has no room), the decision pool, the policy's choice and the
-//! evictions it makes, and the figures of an impossible budget.
+//! evictions it makes, and the figures of an impossible budget; also the
+//! calls that evict on request (`free_up`, `recover_from_device_oom`,
+//! `decide`) and the threshold trigger (`set_threshold`).
 
 use std::time::Instant;
 

@@ -79,6 +79,8 @@ fn unrepeated(last: Option<(f64, f64)>, report: &IterationReport) -> bool {
 /// A plan being made on a background thread from `recording`.
 pub(crate) struct PendingPlan {
     recording: Arc<Recording>,
+    /// What the plan may cost (ns, [`Runtime::plan_bound`]).
+    bound: f64,
     job: std::thread::JoinHandle<Result<Option<IterationPlan>>>,
 }
 
@@ -298,8 +300,10 @@ impl<V> Runtime<V> {
     /// program is taken once its thread has finished (or waited for, see
     /// [`Runtime::wait_for_background_plans`]); until then the next iteration
     /// runs online ([`PlanStatus::Planning`]). Without one, `rec` is sent to a
-    /// new planning thread. A pending plan of another program is dropped (its
-    /// thread ends on its own).
+    /// new planning thread; so it is when the pending thread found no plan
+    /// under a bound lower than `measured_ns` (an unrepeated online iteration
+    /// raised it). A pending plan of another program is dropped (its thread
+    /// ends on its own).
     fn plan_in_background(
         &mut self,
         rec: Arc<Recording>,
@@ -314,12 +318,14 @@ impl<V> Runtime<V> {
                 let plan = p.job.join().map_err(|_| {
                     Error::Internal("the background planning thread panicked".into())
                 })??;
-                let status = if plan.is_some() {
-                    PlanStatus::Planned
-                } else {
-                    PlanStatus::NoPlan
-                };
-                return Ok((plan, status));
+                if plan.is_some() || measured_ns <= p.bound {
+                    let status = if plan.is_some() {
+                        PlanStatus::Planned
+                    } else {
+                        PlanStatus::NoPlan
+                    };
+                    return Ok((plan, status));
+                }
             }
         }
         let config = self.config.clone();
@@ -330,6 +336,7 @@ impl<V> Runtime<V> {
             .map_err(|e| Error::Internal(format!("cannot start a planning thread: {e}")))?;
         self.iter.pending = Some(PendingPlan {
             recording: rec,
+            bound: measured_ns,
             job,
         });
         Ok((None, PlanStatus::Planning))
@@ -610,7 +617,8 @@ impl<V> Runtime<V> {
         let previous = self.iter.plan.take();
         let mut next = None;
         let unrepeated = unrepeated(self.iter.last_online, &report);
-        self.iter.last_online = (!report.planned).then_some((report.compute_ns, report.remat_ns));
+        self.iter.last_online =
+            (!report.planned && !self.iter.broken).then_some((report.compute_ns, report.remat_ns));
         let bound = Self::plan_bound(&report, unrepeated);
         report.planning = match recorded {
             _ if !self.iter.enabled => PlanStatus::Off,
@@ -775,7 +783,10 @@ impl<V> Runtime<V> {
     /// computations, other replays), for the same reason: the next online
     /// iteration may cost anything (unroll_gan with perturbed costs at 0.3:
     /// 1.125 and 1.134 online, no plan cheaper than either, then a third
-    /// online iteration that thrashes).
+    /// online iteration that thrashes). "The same computations" compares the
+    /// summed op costs exactly: with fixed costs (the replayer, analytic cost
+    /// models) a repeated program sums to the same figure; with measured
+    /// wall-clock costs it never does, and the rule never fires.
     fn plan_bound(report: &IterationReport, unrepeated: bool) -> f64 {
         let measured = report.compute_ns + report.remat_ns;
         if report.rescued || unrepeated {
