@@ -29,12 +29,12 @@ const INITIAL_BLOCK_CAPACITY: usize = 1024;
 /// segment's size; larger small-pool blocks exist only in expandable
 /// segments; 48 bytes each, 12 KiB).
 const SMALL_POOL_BINS: usize = bin_of(SMALL_BUFFER) + 1;
-/// The same in the large pool: at least the sizes below 1 GiB (26 KiB), and
-/// every size up to the device's memory where that is more (80 GiB: 35 KiB),
-/// so that no block the device can back ever grows the bins.
+/// The least made in the large pool: the sizes below 1 GiB (26 KiB).
 const LARGE_POOL_BINS: usize = bin_of(1 << 30);
 
-/// Bins made for the large pool's default stream on a device of `total` bytes.
+/// Bins made for the large pool's default stream on a device of `total`
+/// bytes: every size up to the device's memory where that is above 1 GiB
+/// (80 GiB: 35 KiB), so that no block the device can back grows the bins.
 fn large_pool_bins(total: usize) -> usize {
     LARGE_POOL_BINS.max(bin_of(total) + 1)
 }
