@@ -70,6 +70,19 @@ impl StorageRec {
     pub(crate) fn is_resident(&self) -> bool {
         self.residency == Residency::Resident
     }
+
+    /// Released, read by no compute path and unpinned: a real delete may
+    /// free it (`Runtime::delete_cascade`).
+    pub(crate) fn deletable(&self) -> bool {
+        self.released && self.users.is_empty() && self.pins == 0
+    }
+
+    /// `op` no longer reads this storage.
+    pub(crate) fn forget_user(&mut self, op: OpId) {
+        if let Some(p) = self.users.iter().position(|u| *u == op) {
+            self.users.swap_remove(p);
+        }
+    }
 }
 
 /// One compute path.

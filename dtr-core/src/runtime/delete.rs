@@ -71,10 +71,8 @@ impl<V> Runtime<V> {
                     let Some(ir) = self.graph.storages.get_mut(i.0) else {
                         continue;
                     };
-                    if let Some(p) = ir.users.iter().position(|u| *u == op) {
-                        ir.users.swap_remove(p);
-                    }
-                    if i != s && ir.released && ir.users.is_empty() && ir.pins == 0 {
+                    ir.forget_user(op);
+                    if i != s && ir.deletable() {
                         dead.push(i);
                     }
                 }
@@ -95,7 +93,7 @@ impl<V> Runtime<V> {
             let Some(r) = self.graph.storages.get(s.0) else {
                 continue;
             };
-            if !(r.released && r.users.is_empty() && r.pins == 0) {
+            if !r.deletable() {
                 continue;
             }
             self.graph.withdraw(s);
@@ -142,10 +140,8 @@ impl<V> Runtime<V> {
         self.handles[op.0 as usize] = None;
         for i in o.unique_inputs {
             let ir = self.graph.st_mut(i);
-            if let Some(p) = ir.users.iter().position(|u| *u == op) {
-                ir.users.swap_remove(p);
-            }
-            if ir.released && ir.users.is_empty() && ir.pins == 0 {
+            ir.forget_user(op);
+            if ir.deletable() {
                 dead.push(i);
             }
         }

@@ -716,12 +716,7 @@ impl<V> Runtime<V> {
         }
         // Old versions nobody reads any more go for real.
         for &t in &targets {
-            if self
-                .graph
-                .storages
-                .get(t.0)
-                .is_some_and(|r| r.released && r.users.is_empty() && r.pins == 0)
-            {
+            if self.graph.storages.get(t.0).is_some_and(|r| r.deletable()) {
                 self.delete_cascade(t)?;
             }
         }
