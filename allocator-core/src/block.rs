@@ -4,12 +4,39 @@
 //! an address-ordered doubly linked list through `prev`/`next` ids (ids into the
 //! arena, not pointers), so split, merge and the adjacent-free query are O(1).
 
+use std::num::NonZeroU32;
+
 use crate::device::{DevicePtr, StreamId};
 
 /// Index of a block in the [`BlockArena`]. Stable while the block lives; reused
-/// after the block is merged away or its segment released.
+/// after the block is merged away or its segment released. Never 0 (the
+/// arena's slot 0 is a dead placeholder), so `Option<BlockId>` — a block's
+/// `prev` and `next` — takes 4 bytes, not 8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct BlockId(pub(crate) u32);
+pub(crate) struct BlockId(NonZeroU32);
+
+impl BlockId {
+    /// The slot of this block in the arena's `slots`.
+    #[inline(always)]
+    fn slot(self) -> usize {
+        self.0.get() as usize
+    }
+
+    /// An id that no arena mints (a sentinel in the pools' empty entries).
+    pub(crate) const SENTINEL: BlockId = BlockId(NonZeroU32::MAX);
+
+    /// The `n`-th id, for tests of the pools (which only compare ids).
+    #[cfg(test)]
+    pub(crate) fn test(n: u32) -> BlockId {
+        BlockId(NonZeroU32::new(n + 1).expect("below u32::MAX"))
+    }
+
+    /// Inverse of [`BlockId::test`].
+    #[cfg(test)]
+    pub(crate) fn test_index(self) -> u32 {
+        self.0.get() - 1
+    }
+}
 
 /// Which of the allocator's two default pools a block belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,19 +177,22 @@ impl Block {
 /// place (marked dead, its allocation serial 0) until an insert reuses it, so
 /// neither insert nor remove moves a whole block through an `Option`, and
 /// `slots` never shrinks: every id the arena ever minted stays in range, which
-/// lets indexing skip the bounds check (see `Index`).
+/// lets indexing skip the bounds check (see `Index`). Slot 0 is a dead
+/// placeholder that is never handed out, so ids are never 0.
 #[derive(Debug, Default)]
 pub(crate) struct BlockArena {
     slots: Vec<Block>,
-    vacant: Vec<u32>,
+    vacant: Vec<BlockId>,
     live: usize,
 }
 
 impl BlockArena {
     /// An empty arena with room for `capacity` blocks before it reallocates.
     pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let mut slots = Vec::with_capacity(capacity + 1);
+        slots.push(Block::new(0, 0, StreamId(0), PoolKind::Small));
         BlockArena {
-            slots: Vec::with_capacity(capacity),
+            slots,
             vacant: Vec::with_capacity(capacity),
             live: 0,
         }
@@ -172,31 +202,33 @@ impl BlockArena {
     pub(crate) fn insert(&mut self, mut b: Block) -> BlockId {
         self.live += 1;
         b.live = true;
-        if let Some(i) = self.vacant.pop() {
-            self.slots[i as usize] = b;
-            BlockId(i)
+        if let Some(id) = self.vacant.pop() {
+            self.slots[id.slot()] = b;
+            id
         } else {
             self.slots.push(b);
-            BlockId((self.slots.len() - 1) as u32)
+            let n = u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 blocks");
+            // The placeholder holds slot 0, so a pushed slot is never 0.
+            BlockId(NonZeroU32::new(n).expect("slot 0 is the placeholder"))
         }
     }
 
     /// Removes a free block; the slot keeps its last contents (dead) until reused.
     #[inline]
     pub(crate) fn remove(&mut self, id: BlockId) {
-        let b = &mut self.slots[id.0 as usize];
+        let b = &mut self.slots[id.slot()];
         assert!(b.live, "remove of dead block {id:?}: this is a bug");
         debug_assert_eq!(b.serial, 0, "remove of an allocated block {id:?}");
         b.live = false;
         b.serial = 0;
-        self.vacant.push(id.0);
+        self.vacant.push(id);
         self.live -= 1;
     }
 
     /// The block, or `None` when the id is vacant or out of range.
     #[cfg(any(test, feature = "invariant-checks"))]
     pub(crate) fn try_get(&self, id: BlockId) -> Option<&Block> {
-        self.slots.get(id.0 as usize).filter(|b| b.live)
+        self.slots.get(id.slot()).filter(|b| b.live)
     }
 
     /// True when `id` is a live block allocated under `serial` (≠ 0): one bounds
@@ -204,7 +236,7 @@ impl BlockArena {
     #[inline]
     pub(crate) fn holds_allocation(&self, id: BlockId, serial: u64) -> bool {
         self.slots
-            .get(id.0 as usize)
+            .get(id.slot())
             .is_some_and(|b| b.serial == serial)
     }
 
@@ -217,7 +249,11 @@ impl BlockArena {
             .iter()
             .enumerate()
             .filter(|(_, b)| b.live)
-            .map(|(i, b)| (BlockId(i as u32), b))
+            .map(|(i, b)| {
+                // Live slots are never the placeholder at 0.
+                let n = NonZeroU32::new(i as u32).expect("slot 0 is dead");
+                (BlockId(n), b)
+            })
     }
 }
 
@@ -225,17 +261,15 @@ impl std::ops::Index<BlockId> for BlockArena {
     type Output = Block;
     #[inline(always)]
     fn index(&self, id: BlockId) -> &Block {
-        debug_assert!(
-            (id.0 as usize) < self.slots.len(),
-            "block {id:?} out of range"
-        );
-        // SAFETY: `id.0 < self.slots.len()`. Outside tests, every `BlockId`
+        debug_assert!(id.slot() < self.slots.len(), "block {id:?} out of range");
+        // SAFETY: `id.slot() < self.slots.len()`. Outside the pools' unit
+        // tests (whose `BlockId::test` ids never index an arena), every `BlockId`
         // is minted by `BlockArena::insert` as an index into `slots`, which
         // never shrinks (a removed block's slot stays, dead), and the ids the
         // allocator stores (pool entries, segment links, events) come from its
         // own arena; a caller's handle is bounds-checked by `holds_allocation`
         // before its id is used.
-        let b = unsafe { self.slots.get_unchecked(id.0 as usize) };
+        let b = unsafe { self.slots.get_unchecked(id.slot()) };
         debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
         b
     }
@@ -244,13 +278,10 @@ impl std::ops::Index<BlockId> for BlockArena {
 impl std::ops::IndexMut<BlockId> for BlockArena {
     #[inline(always)]
     fn index_mut(&mut self, id: BlockId) -> &mut Block {
-        debug_assert!(
-            (id.0 as usize) < self.slots.len(),
-            "block {id:?} out of range"
-        );
+        debug_assert!(id.slot() < self.slots.len(), "block {id:?} out of range");
         // SAFETY: as in `index`: every id is below `slots.len()`, which never
         // shrinks.
-        let b = unsafe { self.slots.get_unchecked_mut(id.0 as usize) };
+        let b = unsafe { self.slots.get_unchecked_mut(id.slot()) };
         debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
         b
     }
@@ -262,6 +293,7 @@ mod tests {
     fn block_record_size() {
         let n = std::mem::size_of::<super::Block>();
         eprintln!("Block: {n} bytes");
-        assert!(n <= 88, "Block grew to {n} bytes");
+        assert!(n <= 80, "Block grew to {n} bytes");
+        assert_eq!(std::mem::size_of::<Option<super::BlockId>>(), 4);
     }
 }

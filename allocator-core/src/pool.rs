@@ -125,7 +125,7 @@ impl Entry {
     const NONE: Entry = Entry {
         size: 0,
         ptr: 0,
-        id: BlockId(0),
+        id: BlockId::SENTINEL,
     };
 
     #[inline(always)]
@@ -622,22 +622,25 @@ mod tests {
         let mut p = BlockPool::new();
         let s1 = StreamId(1);
         let s0 = StreamId(0);
-        p.insert(s1, 4096, 0x3000, BlockId(1));
-        p.insert(s1, 1024, 0x9000, BlockId(2));
-        p.insert(s1, 4096, 0x1000, BlockId(3));
-        p.insert(s0, 512, 0x5000, BlockId(4));
+        p.insert(s1, 4096, 0x3000, BlockId::test(1));
+        p.insert(s1, 1024, 0x9000, BlockId::test(2));
+        p.insert(s1, 4096, 0x1000, BlockId::test(3));
+        p.insert(s0, 512, 0x5000, BlockId::test(4));
         assert_eq!(p.len(), 4);
-        let fit: Vec<u32> = p.at_least(s1, 2000).map(|e| e.id.0).collect();
+        let fit: Vec<u32> = p.at_least(s1, 2000).map(|e| e.id.test_index()).collect();
         assert_eq!(fit, vec![3, 1], "equal sizes: lowest address first");
-        let below: Vec<u32> = p.below_descending(s1, 4096).map(|e| e.id.0).collect();
+        let below: Vec<u32> = p
+            .below_descending(s1, 4096)
+            .map(|e| e.id.test_index())
+            .collect();
         assert_eq!(below, vec![2]);
         assert_eq!(
-            p.ids().iter().map(|b| b.0).collect::<Vec<_>>(),
+            p.ids().iter().map(|b| b.test_index()).collect::<Vec<_>>(),
             vec![4, 2, 3, 1]
         );
-        assert_eq!(p.remove(s1, 4096, 0x1000), Some(BlockId(3)));
+        assert_eq!(p.remove(s1, 4096, 0x1000), Some(BlockId::test(3)));
         assert_eq!(p.remove(s1, 4096, 0x1000), None);
-        assert_eq!(p.get(s1, 4096, 0x3000), Some(BlockId(1)));
+        assert_eq!(p.get(s1, 4096, 0x3000), Some(BlockId::test(1)));
         assert_eq!(p.at_least(StreamId(9), 0).count(), 0);
         assert_eq!(p.len(), 3);
     }
@@ -708,17 +711,17 @@ mod tests {
             match rand() % 3 {
                 0 | 1 => {
                     let fresh = !model.contains_key(&(stream, size, ptr));
-                    p.insert(StreamId(stream), size, ptr, BlockId(step));
+                    p.insert(StreamId(stream), size, ptr, BlockId::test(step));
                     if fresh {
                         model.insert((stream, size, ptr), step);
                     }
                 }
                 _ => {
-                    let want = model.remove(&(stream, size, ptr)).map(BlockId);
+                    let want = model.remove(&(stream, size, ptr)).map(BlockId::test);
                     if want.is_none() {
                         // Remove an existing block instead, found through the model.
                         if let Some((&k, _)) = model.range((stream, size, 0)..).next() {
-                            let id = model.remove(&k).map(BlockId);
+                            let id = model.remove(&k).map(BlockId::test);
                             assert_eq!(p.remove(StreamId(k.0), k.1, k.2), id);
                         }
                         continue;
@@ -727,7 +730,10 @@ mod tests {
                 }
             }
             let q = (rand() % (64 << 20)) as usize;
-            let got: Vec<u32> = p.at_least(StreamId(stream), q).map(|e| e.id.0).collect();
+            let got: Vec<u32> = p
+                .at_least(StreamId(stream), q)
+                .map(|e| e.id.test_index())
+                .collect();
             let want: Vec<u32> = model
                 .range((stream, q, 0)..(stream + 1, 0, 0))
                 .map(|(_, &v)| v)
@@ -735,7 +741,7 @@ mod tests {
             assert_eq!(got, want, "step {step}: at_least({q})");
             let got: Vec<u32> = p
                 .below_descending(StreamId(stream), q)
-                .map(|e| e.id.0)
+                .map(|e| e.id.test_index())
                 .collect();
             let want: Vec<u32> = model
                 .range((stream, 0, 0)..(stream, q, 0))
@@ -745,7 +751,7 @@ mod tests {
             assert_eq!(got, want, "step {step}: below_descending({q})");
             assert_eq!(p.len(), model.len());
         }
-        let ids: Vec<u32> = p.ids().iter().map(|b| b.0).collect();
+        let ids: Vec<u32> = p.ids().iter().map(|b| b.test_index()).collect();
         assert_eq!(ids, model.values().copied().collect::<Vec<_>>());
     }
 
@@ -768,7 +774,7 @@ mod tests {
             let size = ((rand() % 64) as usize + 1) << (rand() % 4 * 3 + 9);
             let ptr = (rand() % 256) << 20;
             if model.len() < 40 && !model.contains_key(&(size, ptr)) {
-                p.insert(s, size, ptr, BlockId(step));
+                p.insert(s, size, ptr, BlockId::test(step));
                 model.insert((size, ptr), step);
             }
             let Some((&(size, ptr), _)) = model.range((size, 0)..).next() else {
@@ -779,7 +785,7 @@ mod tests {
             if model.contains_key(&(nsize, nptr)) {
                 continue;
             }
-            if p.rekey(slot, nsize, nptr, BlockId(step)) {
+            if p.rekey(slot, nsize, nptr, BlockId::test(step)) {
                 rekeyed += 1;
                 model.remove(&(size, ptr));
                 model.insert((nsize, nptr), step);
@@ -787,7 +793,7 @@ mod tests {
                 p.remove_slot(slot);
                 model.remove(&(size, ptr));
             }
-            let got: Vec<u32> = p.at_least(s, 0).map(|e| e.id.0).collect();
+            let got: Vec<u32> = p.at_least(s, 0).map(|e| e.id.test_index()).collect();
             assert_eq!(
                 got,
                 model.values().copied().collect::<Vec<_>>(),
