@@ -179,7 +179,8 @@ impl Block {
 /// `slots` never shrinks: every id the arena ever minted stays in range, which
 /// lets indexing skip the bounds check (see `Index`). Slot 0 is a dead
 /// placeholder that is never handed out, so ids are never 0.
-#[derive(Debug, Default)]
+// No `Default`: an arena needs its placeholder in slot 0 (`with_capacity`).
+#[derive(Debug)]
 pub(crate) struct BlockArena {
     slots: Vec<Block>,
     vacant: Vec<BlockId>,
@@ -207,8 +208,12 @@ impl BlockArena {
             id
         } else {
             self.slots.push(b);
-            let n = u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 blocks");
-            // The placeholder holds slot 0, so a pushed slot is never 0.
+            // The placeholder holds slot 0, so a pushed slot is never 0; and
+            // u32::MAX is `BlockId::SENTINEL`, never minted.
+            let n = u32::try_from(self.slots.len() - 1)
+                .ok()
+                .filter(|&n| n != u32::MAX)
+                .expect("fewer than 2^32 - 1 blocks");
             BlockId(NonZeroU32::new(n).expect("slot 0 is the placeholder"))
         }
     }
@@ -268,7 +273,10 @@ impl std::ops::Index<BlockId> for BlockArena {
         // never shrinks (a removed block's slot stays, dead), and the ids the
         // allocator stores (pool entries, segment links, events) come from its
         // own arena; a caller's handle is bounds-checked by `holds_allocation`
-        // before its id is used.
+        // before its id is used. The one id not minted here,
+        // `BlockId::SENTINEL`, only marks an empty bin's `min` (size 0) in a
+        // pool, and the pools never return an entry of size 0 (their lookups
+        // ask for sizes > 0, and `Bin::find` asserts it in debug builds).
         let b = unsafe { self.slots.get_unchecked(id.slot()) };
         debug_assert!(b.live, "dead block {id:?}: this is a bug in remat-alloc");
         b

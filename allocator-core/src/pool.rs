@@ -190,6 +190,9 @@ impl Bin {
     /// Position of the entry keyed `(size, ptr)`, if there (`size > 0`).
     #[inline]
     fn find(&self, size: usize, ptr: DevicePtr) -> Option<usize> {
+        // An empty bin's `min` is keyed (0, 0): size 0 would find it and hand
+        // out `BlockId::SENTINEL`, which is not an arena slot.
+        debug_assert!(size > 0, "find of a zero-size entry");
         if self.min.key() == key_of(size, ptr) {
             return Some(self.rest.len());
         }
