@@ -19,7 +19,7 @@ use crate::stats::Counters;
 use crate::Result;
 
 /// Blocks a fresh allocator has room for before its slab first reallocates
-/// (88 bytes each, 88 KiB in all; pages not yet used are not touched): a
+/// (80 bytes each, 80 KiB in all; pages not yet used are not touched): a
 /// workload's first segments split into this many blocks without copying the
 /// slab.
 const INITIAL_BLOCK_CAPACITY: usize = 1024;
