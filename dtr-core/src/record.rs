@@ -269,11 +269,13 @@ impl Call<'_> {
 /// iteration starts with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Boundary {
-    /// Bytes of each resident storage, in storage-index order.
+    /// Bytes of each resident storage, in the order their oldest live tensor
+    /// was made (a mutation, which renews a storage's version, does not move
+    /// it), storages without a live tensor last.
     pub storages: Vec<u64>,
-    /// Each live tensor (tensor-index order): the position of its storage in
-    /// [`Boundary::storages`] (`None`: its storage is not resident) and its
-    /// handle count.
+    /// Each live tensor, in its storage's order, then in the order the tensors
+    /// were made: the position of its storage in [`Boundary::storages`]
+    /// (`None`: its storage is not resident) and its handle count.
     pub tensors: Vec<(Option<u32>, u32)>,
 }
 

@@ -194,9 +194,13 @@ fn a_changed_iteration_falls_back_stays_identical_and_is_planned_again() {
         reports[5]
     );
     // After a changed iteration the next is planned from what really ran (the
-    // changed one), so it diverges in turn; the one after that repeats.
-    assert!(reports[8].planned, "{:?}", reports[8]);
-    assert_eq!(reports[8].divergences, 0, "{:?}", reports[8]);
+    // changed one), so it diverges in turn; the one after that repeats, though
+    // iteration 5 left one weight's update out (its start is numbered by when
+    // each tensor was made, not by when its storage was last written).
+    for k in [7, 8] {
+        assert!(reports[k].planned, "{k}: {:?}", reports[k]);
+        assert_eq!(reports[k].divergences, 0, "{k}: {:?}", reports[k]);
+    }
 }
 
 #[test]
@@ -462,10 +466,9 @@ fn background_planning_drops_the_plan_of_a_program_that_changed() {
     // Boundary 2: iteration 2 is another program; iteration 1's plan is
     // dropped and iteration 2's is made. Boundary 3: iteration 3 is not
     // iteration 2's program: dropped, planned anew. Boundary 4: iteration 4
-    // still differs from iteration 3 (iteration 3 started from the state
-    // iteration 2 left, whose canonical names differ, as the synchronous
-    // planner also sees: see the test above). Boundary 5 takes iteration 4's
-    // plan, iteration 6 follows it.
+    // repeated iteration 3 from a start numbered the same (by when each tensor
+    // was made, though iteration 2 left one weight's update out): iteration
+    // 3's plan is taken, and iterations 5 and 6 follow it.
     assert_eq!(
         status,
         [
@@ -473,18 +476,16 @@ fn background_planning_drops_the_plan_of_a_program_that_changed() {
             PlanStatus::Planning,
             PlanStatus::Planning,
             PlanStatus::Planning,
-            PlanStatus::Planning,
             PlanStatus::Planned,
+            PlanStatus::Kept,
             PlanStatus::Kept,
         ],
         "{reports:?}"
     );
-    assert!(reports[..6].iter().all(|r| !r.planned), "{reports:?}");
-    assert!(
-        reports[6].planned && reports[6].divergences == 0,
-        "{:?}",
-        reports[6]
-    );
+    assert!(reports[..5].iter().all(|r| !r.planned), "{reports:?}");
+    for r in &reports[5..] {
+        assert!(r.planned && r.divergences == 0, "{r:?}");
+    }
 }
 
 #[test]

@@ -520,9 +520,20 @@ impl<V> Runtime<V> {
     /// tensor index. Frameworks whose optimizers make new parameter tensors
     /// each step (Burn) and those that keep them (Candle) both repeat it.
     fn boundary(&self) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
+        // Storages in the order their oldest live tensor was made, not in the
+        // order they were last written: a mutation renews a storage's version
+        // (epoch and seq), so an iteration that skips one update (a layer left
+        // out, an expert nothing was routed to) would otherwise renumber the
+        // next start, and a plan recorded under one numbering would diverge
+        // from a start that only looks the same (same sizes, other tensors).
         let key = |s: StorageId| {
             let r = self.graph.st(s);
-            (!r.is_resident(), r.epoch, r.seq, s.0)
+            let born = (r.tensors.iter())
+                .filter_map(|&i| self.tensors.get(i))
+                .map(|t| t.born)
+                .min()
+                .unwrap_or(u64::MAX);
+            (!r.is_resident(), born, r.epoch, r.seq, s.0)
         };
         let mut order: Vec<StorageId> = self
             .graph
@@ -538,7 +549,7 @@ impl<V> Runtime<V> {
             .map(|(k, s)| (s.0, k as u32))
             .collect();
         let mut live: Vec<(u32, &super::TensorRec)> = self.tensors.iter().collect();
-        live.sort_unstable_by_key(|&(i, t)| (key(t.storage), i));
+        live.sort_unstable_by_key(|&(_, t)| (key(t.storage), t.born));
         let tensors = live
             .iter()
             .map(|(_, t)| (position.get(&t.storage.0).copied(), t.refs))

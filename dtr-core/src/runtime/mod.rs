@@ -46,6 +46,10 @@ struct TensorRec {
     storage: StorageId,
     /// Live handles to this tensor (`retain` adds one, `release` drops one).
     refs: u32,
+    /// When the tensor was made: the count of tensors made before it. Unlike
+    /// its storage's version, which a mutation renews, this stays with the
+    /// handle, so iteration boundaries number their live tensors by it.
+    born: u64,
 }
 
 /// One step of the regeneration work list.
@@ -81,6 +85,8 @@ pub struct Runtime<V> {
     /// Op handles by op index.
     handles: Vec<Option<Arc<dyn OpHandle<V>>>>,
     tensors: Slab<TensorRec>,
+    /// Tensors made so far (the next [`TensorRec::born`]).
+    tensors_made: u64,
     generations: Vec<u32>,
     memory: Box<dyn MemoryModel>,
     policy: Box<dyn EvictionPolicy>,
@@ -170,6 +176,7 @@ impl<V> Runtime<V> {
             values: Vec::new(),
             handles: Vec::new(),
             tensors: Slab::default(),
+            tensors_made: 0,
             generations: Vec::new(),
             memory,
             policy,
@@ -288,7 +295,13 @@ impl<V> Runtime<V> {
     }
 
     fn new_tensor(&mut self, storage: StorageId) -> TensorId {
-        let index = self.tensors.insert(TensorRec { storage, refs: 1 });
+        let born = self.tensors_made;
+        self.tensors_made += 1;
+        let index = self.tensors.insert(TensorRec {
+            storage,
+            refs: 1,
+            born,
+        });
         if self.generations.len() <= index as usize {
             self.generations.resize(index as usize + 1, 0);
         }
