@@ -592,3 +592,108 @@ fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
     assert_eq!(rt.policy_name(), configured);
     assert!(!rt.end_iteration().unwrap().rescued);
 }
+
+/// A training step written as a trace: `layers` weights of 64 KiB (constants,
+/// updated in place after the backward), forward activations of 512 KiB, a
+/// backward reading each in reverse. `widen`: a layer whose activation is twice
+/// as large; `skip`: a layer left out (its ops dropped).
+fn step_trace(layers: usize, widen: Option<usize>, skip: Option<usize>) -> remat_trace::Trace {
+    const KIB: u64 = 1 << 10;
+    let mut t = remat_trace::TraceBuilder::new("step").constant("x", 512 * KIB);
+    for i in 0..layers {
+        t = t.constant(&format!("w{i}"), 64 * KIB);
+    }
+    let kept: Vec<usize> = (0..layers).filter(|&i| skip != Some(i)).collect();
+    let mut prev = "x".to_string();
+    for &i in &kept {
+        let bytes = if widen == Some(i) { 1024 } else { 512 } * KIB;
+        let a = format!("a{i}");
+        t = t.call("fwd", &[&prev, &format!("w{i}")], &a, bytes, 1_000);
+        prev = a;
+    }
+    t = t.call("loss", &[&prev], "loss", KIB, 100).backward();
+    let mut grad = "loss".to_string();
+    for (k, &i) in kept.iter().enumerate().rev() {
+        let (a, w) = (format!("a{i}"), format!("w{i}"));
+        let input = if k == 0 {
+            "x".to_string()
+        } else {
+            format!("a{}", kept[k - 1])
+        };
+        let (g, dw) = (format!("g{i}"), format!("dw{i}"));
+        t = t
+            .call("bwd", &[&grad, &a, &w], &g, 512 * KIB, 2_000)
+            .call("dw", &[&grad, &input], &dw, 64 * KIB, 1_500)
+            .release(&grad)
+            .release(&a)
+            .mutate("sgd", &[&w, &dw], &[0], 100)
+            .release(&dw);
+        grad = g;
+    }
+    t.release(&grad).build().expect("the step replays")
+}
+
+/// The replayer's divergence test: nine iterations of a training step under
+/// a budget of 70 % of its peak, iteration 3 with a widened activation and
+/// iteration 6 with a layer's ops dropped. Each changed iteration leaves its
+/// plan at the first op that differs and finishes online; the one after it
+/// is planned from what really ran (the changed step), so it diverges in turn;
+/// the next follows its plan again with no divergence. (The replayer carries
+/// no values; `a_changed_iteration_falls_back_stays_identical_and_is_planned_again`
+/// checks the same fall-back bit for bit on the runtime.)
+#[test]
+fn a_replayed_iteration_that_changes_falls_back_and_the_run_is_planned_again() {
+    use remat_dtr::replay::{replay_sequence, ReplayOptions, ReplayStatus};
+    let (plain, widened, dropped) = (
+        step_trace(12, None, None),
+        step_trace(12, Some(5), None),
+        step_trace(12, None, Some(7)),
+    );
+    let fig = |t: &remat_trace::Trace| {
+        let b = remat_trace::baseline(t).unwrap();
+        (b.peak_bytes, b.compute_ns)
+    };
+    let (peak, _) = fig(&plain);
+    let budget = peak * 7 / 10;
+    let seq: Vec<(&remat_trace::Trace, u64)> = (0..9)
+        .map(|k| match k {
+            3 => &widened,
+            6 => &dropped,
+            _ => &plain,
+        })
+        .map(|t| (t, fig(t).1))
+        .collect();
+    for mode in [BudgetMode::Logical, BudgetMode::Physical] {
+        let mut opts = ReplayOptions::budget(budget, mode, remat_dtr::PolicyKind::Remat);
+        opts.iterations = seq.len();
+        let r = replay_sequence(&seq, &opts).unwrap();
+        let its = &r.iterations;
+        assert_eq!(its.len(), 9, "{mode:?}: {its:?}");
+        assert!(
+            its.iter().all(|it| it.status == ReplayStatus::Ok),
+            "{mode:?}: {its:?}"
+        );
+        assert!(
+            its.iter().any(|it| it.evictions > 0),
+            "{mode:?}: no pressure"
+        );
+        for k in [2, 5, 8] {
+            assert!(its[k].planned, "{mode:?} {k}: {:?}", its[k]);
+            assert_eq!(its[k].divergences, 0, "{mode:?} {k}: {:?}", its[k]);
+            assert!(its[k].arena_bytes.unwrap() <= budget, "{mode:?} {k}");
+        }
+        for k in [3, 4, 6, 7] {
+            assert!(
+                its[k].planned && its[k].divergences == 1,
+                "{mode:?} {k}: {:?}",
+                its[k]
+            );
+        }
+        assert_eq!(r.steady_overhead, Some(its[8].overhead));
+    }
+    // A sequence must match the options and cannot take an oracle.
+    let opts = ReplayOptions::budget(budget, BudgetMode::Logical, remat_dtr::PolicyKind::Remat);
+    let e = replay_sequence(&seq, &opts).unwrap_err().to_string();
+    assert!(e.contains("1 iterations") && e.contains("9 traces"), "{e}");
+    assert!(replay_sequence(&[], &opts).is_err());
+}

@@ -253,15 +253,7 @@ pub fn replay(
         return Err(ReplayError::Options("iterations must be at least 1".into()));
     }
     let Some(kind) = opts.oracle else {
-        // One iteration has nothing to plan: skip the recorder.
-        let config = opts.config.clone();
-        let config = if opts.iterations == 1 {
-            config.with_plan_ahead(false)
-        } else {
-            config
-        };
-        let rt = Runtime::new(config)?;
-        return drive(trace, opts, baseline_ns, rt, None);
+        return replay_sequence(&vec![(trace, baseline_ns); opts.iterations], opts);
     };
     if opts.iterations > 1 {
         return Err(ReplayError::Options(format!(
@@ -273,34 +265,79 @@ pub fn replay(
     let mut recorder = Tracker::recorder();
     let unbounded = ReplayOptions::unbounded();
     drive(
-        trace,
+        &[(trace, baseline_ns)],
         &unbounded,
-        baseline_ns,
         Runtime::new(unbounded.config.clone())?,
         Some(&mut recorder),
     )?;
     let (policy, mut tracker) = oracle::policy(kind, recorder.into_future());
     let memory = crate::runtime::memory_model(&opts.config)?;
     let rt = Runtime::with_parts(opts.config.clone(), memory, Box::new(policy));
-    drive(trace, opts, baseline_ns, rt, Some(&mut tracker))
+    drive(&[(trace, baseline_ns)], opts, rt, Some(&mut tracker))
 }
 
-/// The replay loop over runtime `rt`; `tracker` numbers storages, records reads
-/// and follows the position for an oracle policy.
+/// Replay a training run whose iterations need not repeat: iteration `k` runs
+/// `iterations[k].0`, whose Σ TIME `iterations[k].1` is that iteration's
+/// overhead denominator. [`replay`] of K iterations is this with one trace K
+/// times. A trace that changes from one iteration to the next (a dynamic
+/// model, a different batch shape, an op dropped) is what the plan's
+/// signature check exists for: the changed iteration leaves its plan at the
+/// first op that differs, runs online from there, and is recorded, so the
+/// iteration after it is planned from what really ran.
 ///
-/// With [`ReplayOptions::iterations`] = K > 1 the trace runs K times on one
+/// As in [`replay`], constants persist by name and every other name is fresh
+/// in each iteration. `opts.iterations` must equal `iterations.len()`, and an
+/// oracle, which reads one trace's future, is refused.
+pub fn replay_sequence(
+    iterations: &[(&Trace, u64)],
+    opts: &ReplayOptions,
+) -> Result<ReplayReport, ReplayError> {
+    if iterations.is_empty() {
+        return Err(ReplayError::Options(
+            "a sequence of iterations needs at least one trace".into(),
+        ));
+    }
+    if opts.iterations != iterations.len() {
+        return Err(ReplayError::Options(format!(
+            "the options ask for {} iterations but the sequence has {} traces",
+            opts.iterations,
+            iterations.len()
+        )));
+    }
+    if opts.oracle.is_some() {
+        return Err(ReplayError::Options(
+            "an oracle reads one trace's future and replays one iteration, not a sequence".into(),
+        ));
+    }
+    // One iteration has nothing to plan: skip the recorder.
+    let config = opts.config.clone();
+    let config = if opts.iterations == 1 {
+        config.with_plan_ahead(false)
+    } else {
+        config
+    };
+    let rt = Runtime::new(config)?;
+    drive(iterations, opts, rt, None)
+}
+
+/// The replay loop over runtime `rt`: iteration `k` runs `seq[k]`'s trace, its
+/// Σ TIME the overhead denominator (`seq` has [`ReplayOptions::iterations`]
+/// entries). `tracker` numbers storages, records reads and follows the
+/// position for an oracle policy.
+///
+/// With [`ReplayOptions::iterations`] = K > 1 the traces run one after another on one
 /// runtime: constants persist (a `CONSTANT` whose name is still bound is not put
 /// again), every other name is released at the end of an iteration, and
 /// [`Runtime::end_iteration`] separates the iterations. The first iteration stops
 /// as thrash only past [`FIRST_ITERATION_LIMIT`] × baseline (it runs online while
 /// recording); later ones at [`ReplayOptions::thrash_limit`].
 fn drive(
-    trace: &Trace,
+    seq: &[(&Trace, u64)],
     opts: &ReplayOptions,
-    baseline_ns: u64,
     mut rt: Runtime<()>,
     mut tracker: Option<&mut Tracker>,
 ) -> Result<ReplayReport, ReplayError> {
+    debug_assert_eq!(seq.len(), opts.iterations, "one trace per iteration");
     let started = Instant::now();
     rt.record_decision_times(true);
     // Replays are deterministic: a background plan is taken at the first
@@ -314,7 +351,6 @@ fn drive(
     let mut status = ReplayStatus::Ok;
     let mut error = None;
     let mut rows = Vec::new();
-    let ins = &trace.instructions;
     let get = |names: &AHashMap<&str, TensorId>, at: usize, n: &str| {
         names
             .get(n)
@@ -324,7 +360,8 @@ fn drive(
                 name: n.to_string(),
             })
     };
-    for iteration in 0..opts.iterations {
+    for (iteration, &(trace, baseline_ns)) in seq.iter().enumerate() {
+        let ins = &trace.instructions;
         let factor = if opts.iterations > 1 && iteration == 0 {
             FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
         } else {
@@ -600,6 +637,7 @@ fn drive(
     let usage = rt.memory_usage();
     let mut decisions = rt.decision_ns().to_vec();
     let budget = opts.config.budget;
+    let (trace, baseline_ns) = seq[0];
     let last = rows.last().cloned();
     let overhead = if opts.iterations > 1 {
         last.as_ref().map_or(1.0, |r| r.overhead)
