@@ -166,6 +166,60 @@ fn iterations_report_each_iteration_and_plan_the_repeats() {
 }
 
 #[test]
+fn sweeps_replay_each_cell_as_iterations() {
+    let trace = write_trace();
+    let path = trace.to_str().unwrap();
+    let out = trace.with_extension("sweep");
+    let sweep = |iterations: &str| {
+        let run = remat(&[
+            "replay",
+            "--sweep",
+            "--traces",
+            path,
+            "--ratios",
+            "0.5,0.4",
+            "--policies",
+            "remat",
+            "--modes",
+            "logical",
+            "--iterations",
+            iterations,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("sweep.jsonl"))
+            .expect("sweep.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect();
+        assert!(out.join("sweep.md").is_file());
+        rows
+    };
+    let rows = sweep("3");
+    assert_eq!(rows.len(), 2, "one row per ratio");
+    for r in &rows {
+        let its = r["iterations"].as_array().expect("an iterations array");
+        assert_eq!(its.len(), 3, "{r}");
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(its[2]["planned"], true, "{r}");
+        assert_eq!(its[2]["divergences"], 0, "{r}");
+        assert_eq!(r["steady_overhead"], its[2]["overhead"], "{r}");
+    }
+    // The same cells as one iteration each: one row per cell, no plan.
+    let rows = sweep("1");
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r["iterations"].as_array().map(Vec::len), Some(1), "{r}");
+        assert_eq!(r["iterations"][0]["planned"], false, "{r}");
+    }
+}
+
+#[test]
 fn iteration_options_that_do_not_go_together_are_errors() {
     let trace = write_trace();
     let path = trace.to_str().unwrap();
