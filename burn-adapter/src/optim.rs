@@ -25,7 +25,13 @@
 //! A seal that fails (for instance with an impossible budget while an evicted
 //! live tensor is regenerated) is kept like any op error: the next sync returns
 //! it, and [`DtrDevice::take_error`] gives the typed error. What was sealed stays
-//! sealed, and the device keeps working.
+//! sealed, and the device keeps working. The iteration is then not ended:
+//! a live tensor the seal could not make a root may still be evicted, and
+//! after a boundary reading it would be a `StaleValue` error. The step's calls
+//! stay in the runtime's iteration, which the next step's boundary ends: that
+//! recording holds two steps, the step after it leaves the plan made from it
+//! (a divergence, safe) and is recorded alone, and plans follow again from
+//! there.
 
 use burn_core::module::AutodiffModule;
 use burn_core::tensor::backend::AutodiffBackend;

@@ -141,3 +141,38 @@ fn a_read_that_cannot_be_regenerated_fails_typed_and_later_succeeds() {
     assert!(device.take_error().is_none());
     device.check_invariants().unwrap();
 }
+
+#[test]
+fn a_value_evicted_before_a_bare_end_iteration_is_stale_not_recomputed() {
+    // `end_iteration` without `Sealing`'s seal: `a`, evicted, would be
+    // recomputed from `w`, which an optimizer step may have changed since.
+    let device = DtrDevice::new(
+        NdArrayDevice::Cpu,
+        DtrConfig::default()
+            .with_budget(1 << 20)
+            .with_budget_mode(BudgetMode::Logical),
+    )
+    .expect("device");
+    let w = Tensor::<B, 1>::from_floats([1.0, 2.0, 3.0], &device);
+    let a = w.clone() * 2.0;
+    assert_eq!(floats(a.clone()), vec![2.0, 4.0, 6.0]);
+    assert!(device.evict_all().expect("evict") > 0);
+    // Made after the eviction, so resident at the boundary: it stays readable.
+    let c = w.clone() * 3.0;
+    assert_eq!(floats(c.clone()), vec![3.0, 6.0, 9.0]);
+    device.end_iteration().expect("boundary");
+    let err = a.clone().try_into_data().expect_err("a stale value");
+    assert!(err.to_string().contains("end_iteration"), "{err}");
+    match device.take_error() {
+        Some(Error::Dtr(remat_dtr::Error::StaleValue {
+            created_in: 0,
+            current: 1,
+            ..
+        })) => {}
+        other => panic!("expected a stale-value error, got {other:?}"),
+    }
+    // The weights (uploaded, never evicted) and `c` are read as they were.
+    assert_eq!(floats(c), vec![3.0, 6.0, 9.0]);
+    assert_eq!(floats(w), vec![1.0, 2.0, 3.0]);
+    assert!(device.take_error().is_none());
+}
