@@ -92,9 +92,15 @@
 //!
 //! The online and planned paths share the same records: the recorder runs in
 //! both, the planner drives the same `Runtime` code over `()` values, and the
-//! executor's steps name storages by the sequence numbers both paths assign. The
-//! module arrows go one way: `record` ← `execute` ← `planner`, and the runtime
-//! uses all three.
+//! executor's steps name storages by the sequence numbers both paths assign.
+//! Among the data modules the arrows go one way: `record` (the recording's
+//! types) ← `execute` (the plan's types) ← `planner`. The recorder and the
+//! executor themselves are code of the runtime (`runtime::iteration`: it
+//! appends the events and follows the plan's steps), and the runtime and the
+//! planner meet in two places only: the runtime calls
+//! `planner::plan_iteration` (and `min_feasible_budget`) at a boundary, and the
+//! planner's simulations are `Runtime<()>`s, which is what makes a simulated
+//! schedule the one the next step runs.
 //!
 //! After a boundary, a value the ended step left evicted is stale: reading it is
 //! [`Error::StaleValue`], never a recompute from weights an optimizer has changed.

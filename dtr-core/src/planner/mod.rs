@@ -9,7 +9,8 @@
 //!
 //! | entry | prices a candidate by |
 //! |---|---|
-//! | `learned:next-use` | e* / (bytes · time to its next direct read in the recording) |
+//! | `learned:next-use` | e* / (bytes · time to its next direct read in the recording), e* by union-find |
+//! | `learned:next-use-walk` | the same with e* by a walk of the evicted neighbourhood, bounded to 64 storages |
 //! | `learned:dead` | remat's score, with storages the recording never reads again free |
 //! | the configured policy | what the online runtime would do (no future) |
 //! | `dtr-full` | h_DTR, full scan (no future) |
