@@ -514,18 +514,18 @@ impl<V> Runtime<V> {
     /// tensors in the same order.
     ///
     /// Canonical order, the same in every iteration of a repeated program
-    /// whichever slab slots its tensors took: resident storages by creation
-    /// (iteration, then sequence number within it); live tensors by their
-    /// storage in that order (evicted ones after, by creation too), then by
-    /// tensor index. Frameworks whose optimizers make new parameter tensors
-    /// each step (Burn) and those that keep them (Candle) both repeat it.
+    /// whichever slab slots its tensors took: resident storages by when their
+    /// oldest live tensor was made ([`super::TensorRec::born`]; those without
+    /// one after, by creation: iteration, then sequence number within it);
+    /// live tensors by their storage in that order (evicted ones after), then
+    /// by when each was made. Not by a storage's creation alone: a mutation
+    /// renews a storage's version, so an iteration that skips one update (a
+    /// layer left out, an expert nothing was routed to) would renumber the
+    /// next start, and a plan recorded under one numbering would diverge from
+    /// a start that only looks the same (same sizes, other tensors).
+    /// Frameworks whose optimizers make new parameter tensors each step (Burn)
+    /// and those that keep them (Candle) both repeat it.
     fn boundary(&self) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
-        // Storages in the order their oldest live tensor was made, not in the
-        // order they were last written: a mutation renews a storage's version
-        // (epoch and seq), so an iteration that skips one update (a layer left
-        // out, an expert nothing was routed to) would otherwise renumber the
-        // next start, and a plan recorded under one numbering would diverge
-        // from a start that only looks the same (same sizes, other tensors).
         let key = |s: StorageId| {
             let r = self.graph.st(s);
             let born = (r.tensors.iter())
@@ -535,28 +535,32 @@ impl<V> Runtime<V> {
                 .unwrap_or(u64::MAX);
             (!r.is_resident(), born, r.epoch, r.seq, s.0)
         };
-        let mut order: Vec<StorageId> = self
+        // Keys computed once each (they read the storage's tensors).
+        let mut order: Vec<(_, StorageId)> = self
             .graph
             .storages
             .iter()
             .filter(|(_, r)| r.is_resident())
-            .map(|(i, _)| StorageId(i))
+            .map(|(i, _)| (key(StorageId(i)), StorageId(i)))
             .collect();
-        order.sort_unstable_by_key(|&s| key(s));
+        order.sort_unstable_by_key(|&(k, _)| k);
+        let order: Vec<StorageId> = order.into_iter().map(|(_, s)| s).collect();
         let position: AHashMap<u32, u32> = order
             .iter()
             .enumerate()
             .map(|(k, s)| (s.0, k as u32))
             .collect();
-        let mut live: Vec<(u32, &super::TensorRec)> = self.tensors.iter().collect();
-        live.sort_unstable_by_key(|&(_, t)| (key(t.storage), t.born));
+        let mut live: Vec<(_, u32, &super::TensorRec)> = (self.tensors.iter())
+            .map(|(i, t)| ((key(t.storage), t.born), i, t))
+            .collect();
+        live.sort_unstable_by_key(|&(k, _, _)| k);
         let tensors = live
             .iter()
-            .map(|(_, t)| (position.get(&t.storage.0).copied(), t.refs))
+            .map(|(_, _, t)| (position.get(&t.storage.0).copied(), t.refs))
             .collect();
         let ids = live
             .iter()
-            .map(|&(i, _)| TensorId {
+            .map(|&(_, i, _)| TensorId {
                 index: i,
                 generation: self.generations[i as usize],
             })
