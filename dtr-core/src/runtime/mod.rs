@@ -347,13 +347,15 @@ impl<V> Runtime<V> {
     }
 
     /// A key that orders tensors by when their storages were made (iteration,
-    /// then creation order within it). Unlike [`TensorId::index`] (slab slots
-    /// are reused), a repeated program gives its tensors the same keys in every
-    /// iteration: adapters that visit many tensors at once (a seal) sort by it so
-    /// that their calls repeat, and a plan can be followed.
-    pub fn creation_rank(&self, t: TensorId) -> Result<(u32, u32)> {
-        let r = self.graph.st(self.tensor(t)?.storage);
-        Ok((r.epoch, r.seq))
+    /// then creation order within it), and tensors on one storage by when each
+    /// was made, so no two live tensors tie. Unlike [`TensorId::index`] (slab
+    /// slots are reused), a repeated program gives its tensors keys in the same
+    /// order in every iteration: adapters that visit many tensors at once (a
+    /// seal) sort by it so that their calls repeat, and a plan can be followed.
+    pub fn creation_rank(&self, t: TensorId) -> Result<(u32, u32, u64)> {
+        let rec = self.tensor(t)?;
+        let r = self.graph.st(rec.storage);
+        Ok((r.epoch, r.seq, rec.born))
     }
 
     /// Bytes of `t`'s storage.
