@@ -273,9 +273,10 @@ pub struct Boundary {
     /// was made (a mutation, which renews a storage's version, does not move
     /// it), storages without a live tensor last.
     pub storages: Vec<u64>,
-    /// Each live tensor, in its storage's order, then in the order the tensors
-    /// were made: the position of its storage in [`Boundary::storages`]
-    /// (`None`: its storage is not resident) and its handle count.
+    /// Each live tensor, in its storage's order (tensors whose storage is not
+    /// resident last), then in the order the tensors were made: the position
+    /// of its storage in [`Boundary::storages`] (`None`: its storage is not
+    /// resident) and its handle count.
     pub tensors: Vec<(Option<u32>, u32)>,
 }
 

@@ -518,13 +518,15 @@ impl<V> Runtime<V> {
     /// oldest live tensor was made ([`super::TensorRec::born`]; those without
     /// one after, by creation: iteration, then sequence number within it);
     /// live tensors by their storage in that order (evicted ones after), then
-    /// by when each was made. Not by a storage's creation alone: a mutation
-    /// renews a storage's version, so an iteration that skips one update (a
-    /// layer left out, an expert nothing was routed to) would renumber the
-    /// next start, and a plan recorded under one numbering would diverge from
-    /// a start that only looks the same (same sizes, other tensors).
-    /// Frameworks whose optimizers make new parameter tensors each step (Burn)
-    /// and those that keep them (Candle) both repeat it.
+    /// by when each was made. Not by a storage's creation alone: an update
+    /// through [`Runtime::mutate`] renews a storage's version, so an iteration
+    /// that skips one such update (a layer left out) would renumber the next
+    /// start, and a plan recorded under one numbering would diverge from a
+    /// start that only looks the same (same sizes, other tensors). (An
+    /// optimizer that makes new parameter tensors each step, as Burn's do,
+    /// still renumbers when it skips one: the skipped parameter keeps its
+    /// older tensor.) Frameworks whose optimizers make new parameter tensors
+    /// each step (Burn) and those that keep them (Candle) both repeat it.
     fn boundary(&self) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
         let key = |s: StorageId| {
             let r = self.graph.st(s);
@@ -535,7 +537,7 @@ impl<V> Runtime<V> {
                 .unwrap_or(u64::MAX);
             (!r.is_resident(), born, r.epoch, r.seq, s.0)
         };
-        // Keys computed once each (they read the storage's tensors).
+        // Each key is computed once (it reads the storage's tensors).
         let mut order: Vec<(_, StorageId)> = self
             .graph
             .storages
@@ -550,8 +552,18 @@ impl<V> Runtime<V> {
             .enumerate()
             .map(|(k, s)| (s.0, k as u32))
             .collect();
+        // A resident storage's key is its position; an evicted one's is
+        // computed once.
+        let mut evicted: AHashMap<u32, _> = AHashMap::new();
         let mut live: Vec<(_, u32, &super::TensorRec)> = (self.tensors.iter())
-            .map(|(i, t)| ((key(t.storage), t.born), i, t))
+            .map(|(i, t)| {
+                let s = t.storage;
+                let k = match position.get(&s.0) {
+                    Some(&p) => (false, p as u64, 0, 0, 0),
+                    None => *evicted.entry(s.0).or_insert_with(|| key(s)),
+                };
+                ((k, t.born), i, t)
+            })
             .collect();
         live.sort_unstable_by_key(|&(k, _, _)| k);
         let tensors = live
