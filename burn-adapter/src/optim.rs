@@ -28,10 +28,10 @@
 //! sealed, and the device keeps working. The iteration is then not ended:
 //! a live tensor the seal could not make a root may still be evicted, and
 //! after a boundary reading it would be a `StaleValue` error. The step's calls
-//! stay in the runtime's iteration, which the next step's boundary ends: that
-//! recording holds two steps, the step after it leaves the plan made from it
-//! (a divergence, safe) and is recorded alone, and plans follow again from
-//! there.
+//! stay in the runtime's iteration, which the next step's boundary ends. A
+//! failed call makes that recording unusable (`PlanStatus::CallFailed`): no
+//! plan is made from it, the step after it runs online and is recorded, and
+//! plans follow again from there.
 
 use burn_core::module::AutodiffModule;
 use burn_core::tensor::backend::AutodiffBackend;

@@ -197,6 +197,13 @@ fn a_changed_iteration_falls_back_stays_identical_and_is_planned_again() {
     // changed one), so it diverges in turn; the one after that repeats, though
     // iteration 5 left one weight's update out (its start is numbered by when
     // each tensor was made, not by when its storage was last written).
+    for k in [4, 6] {
+        assert!(
+            reports[k].planned && reports[k].divergences == 1,
+            "{k}: {:?}",
+            reports[k]
+        );
+    }
     for k in [7, 8] {
         assert!(reports[k].planned, "{k}: {:?}", reports[k]);
         assert_eq!(reports[k].divergences, 0, "{k}: {:?}", reports[k]);
@@ -695,5 +702,10 @@ fn a_replayed_iteration_that_changes_falls_back_and_the_run_is_planned_again() {
     let opts = ReplayOptions::budget(budget, BudgetMode::Logical, remat_dtr::PolicyKind::Remat);
     let e = replay_sequence(&seq, &opts).unwrap_err().to_string();
     assert!(e.contains("1 iterations") && e.contains("9 traces"), "{e}");
-    assert!(replay_sequence(&[], &opts).is_err());
+    let e = replay_sequence(&[], &opts).unwrap_err().to_string();
+    assert!(e.contains("at least one trace"), "{e}");
+    let mut oracle = opts.clone();
+    oracle.oracle = Some(remat_dtr::replay::oracle::OracleKind::NextUse);
+    let e = replay_sequence(&seq[..1], &oracle).unwrap_err().to_string();
+    assert!(e.contains("oracle"), "{e}");
 }

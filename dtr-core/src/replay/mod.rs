@@ -286,8 +286,14 @@ pub fn replay(
 /// iteration after it is planned from what really ran.
 ///
 /// As in [`replay`], constants persist by name and every other name is fresh
-/// in each iteration. `opts.iterations` must equal `iterations.len()`, and an
-/// oracle, which reads one trace's future, is refused.
+/// in each iteration, and only the first iteration is stopped at
+/// [`FIRST_ITERATION_LIMIT`]: a changed iteration later in the sequence runs
+/// online but is judged at [`ReplayOptions::thrash_limit`] like every
+/// iteration after the first. The report's `trace` and `baseline_compute_ns`
+/// are the first trace's; each row's overhead is over its own iteration's
+/// baseline. `opts.iterations` must equal `iterations.len()` (an error
+/// otherwise, rather than one of them silently ignored), and an oracle, which
+/// reads one trace's future, is refused.
 pub fn replay_sequence(
     iterations: &[(&Trace, u64)],
     opts: &ReplayOptions,
