@@ -27,21 +27,23 @@
 //!
 //! | module | what it owns |
 //! |---|---|
-//! | [`runtime`] | [`Runtime`]: the interpreter primitives, fake/real delete, regeneration, eviction loop, invariants; `runtime/iteration.rs`: iteration boundaries, the recorder's and executor's hooks |
+//! | [`runtime`] | [`Runtime`]: the interpreter primitives, fake/real delete, regeneration, eviction loop, invariants; `runtime/iteration/`: boundaries, the recorder, the plan follower, the online rescues |
 //! | [`record`] | the recorder's format: [`Event`]s of one iteration, [`Ref`] names, the [`Boundary`] it starts from |
 //! | [`planner`] | plan-ahead: replay a [`Recording`] offline under the budget with a portfolio, place the winner in one arena |
-//! | [`execute`] | the plan the executor follows: [`IterationPlan`], its eviction steps and offsets |
-//! | [`arena`] | [`ArenaMemory`]: one flat arena (planned offsets, best fit after a divergence, compaction) |
+//! | [`plan`] | the plan the runtime follows: [`IterationPlan`], its eviction steps and offsets |
+//! | [`memory`] | [`MemoryModel`], [`Slot`], [`BlockView`] and the three models: [`LogicalBudget`] (`memory::logical`), [`PhysicalBudget`] (`memory::physical`), [`ArenaMemory`] (`memory::arena`) |
 //! | [`op`] | [`OpHandle`] (recompute from input storages), [`FnOp`], [`OutputSpec`] (fresh / view) |
-//! | [`memory`] | [`MemoryModel`], [`LogicalBudget`], [`Slot`], [`BlockView`] |
-//! | [`physical`] | [`PhysicalBudget`] over remat-alloc's caching allocator |
-//! | [`policy`] | [`EvictionPolicy`], [`DecisionView`], score policies, Coop window, remat's default |
+//! | [`policy`] | [`EvictionPolicy`], [`DecisionView`], score policies, Coop window, remat's default; `policy::oracle`: the policies that read the future (the planner's portfolio, the replayer's analysis) |
 //! | [`config`] | [`DtrConfig`], `REMAT_DTR_CONF` parsing, [`PolicyKind`], [`BudgetMode`] |
 //! | [`unionfind`] | the union-find over evicted storages (h_DTR^eq) |
 //! | [`error`] | [`Error`], [`ImpossibleBudget`], [`ImpossibleCause`], [`OpError`] |
-//! | [`stats`] | [`RuntimeStats`] |
-//! | [`replay`] | the trace replayer (DTR paper traces), sweeps, SVG charts |
+//! | [`stats`] | [`RuntimeStats`], [`IterationReport`] |
+//! | [`replay`] | a leaf the library never calls: the trace replayer (DTR paper traces) and sweeps, for the CLI, benches and tests |
 //! | `graph`, `ids`, `rng` (private/ids) | records and slabs, handles, the seeded sampler |
+//!
+//! Old paths stay: `remat_dtr::arena` and `remat_dtr::physical` re-export
+//! `memory::arena` and `memory::physical`, `remat_dtr::replay::oracle` re-exports
+//! `policy::oracle`.
 //!
 //! ## The API in one glance
 //!
@@ -83,7 +85,7 @@
 //! every step ([`record`]); at a boundary where the next step starts from the
 //! same state, the [`planner`] replays the recording offline under the budget —
 //! knowing its future — and picks the cheapest schedule whose allocations fit one
-//! arena; the next step then follows it ([`execute`]): planned evictions at their
+//! arena; the next step then follows it ([`plan`]): planned evictions at their
 //! planned allocations, every allocation at its planned offset in an
 //! [`ArenaMemory`]. A step that differs (another shape, another branch) leaves the
 //! plan at its first differing call and runs online; it is recorded as it ran
@@ -94,7 +96,7 @@
 //! both, the planner drives the same `Runtime` code over `()` values, and the
 //! executor's steps name storages by the sequence numbers both paths assign.
 //! Among the data modules the arrows go one way: `record` (the recording's
-//! types) ← `execute` (the plan's types) ← `planner`. The recorder and the
+//! types) ← `plan` (the plan's types) ← `planner`. The recorder and the
 //! executor themselves are code of the runtime (`runtime::iteration`: it
 //! appends the events and follows the plan's steps), and the runtime and the
 //! planner meet in two places only: the runtime calls
@@ -108,15 +110,13 @@
 //! Events: `tracing` targets `remat_dtr::evict`, `remat_dtr::remat`,
 //! `remat_dtr::oom`, `remat_dtr::plan`.
 
-pub mod arena;
 pub mod config;
 pub mod error;
-pub mod execute;
 mod graph;
 pub mod ids;
 pub mod memory;
 pub mod op;
-pub mod physical;
+pub mod plan;
 pub mod planner;
 pub mod policy;
 pub mod record;
@@ -126,18 +126,28 @@ pub mod runtime;
 pub mod stats;
 pub mod unionfind;
 
-pub use arena::ArenaMemory;
+/// The arena model's old path, kept for code that names it
+/// (now [`memory::arena`]).
+pub use memory::arena;
+/// The physical model's old path, kept for code that names it
+/// (now [`memory::physical`]).
+pub use memory::physical;
+/// The plan's types' old path, kept for code that names it (now [`plan`]).
+#[doc(hidden)]
+pub use plan as execute;
+
 pub use config::{BudgetMode, ConfigError, DtrConfig, MegEngineParams, PolicyKind};
 pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, ImpossibleCause, OpError, Result};
-pub use execute::IterationPlan;
 pub use graph::{Hot, Residency};
 pub use ids::{OpId, StorageId, TensorId};
+pub use memory::ArenaMemory;
+pub use memory::PhysicalBudget;
 pub use memory::{
     AllocFailure, BlockView, FreeByPool, LogicalBudget, MemoryModel, MemoryUsage, RequestShape,
     Slot,
 };
 pub use op::{FnOp, OpHandle, OutputSpec};
-pub use physical::PhysicalBudget;
+pub use plan::IterationPlan;
 pub use policy::{make_policy, DecisionView, EvictionPolicy, Request};
 pub use record::{Boundary, Event, Recording, Ref};
 pub use remat_alloc::AllocatorConfig;

@@ -97,8 +97,8 @@ pub struct PlanSummary {
     pub ops: usize,
 }
 
-impl From<&crate::execute::IterationPlan> for PlanSummary {
-    fn from(p: &crate::execute::IterationPlan) -> Self {
+impl From<&crate::plan::IterationPlan> for PlanSummary {
+    fn from(p: &crate::plan::IterationPlan) -> Self {
         let ops = crate::record::op_count(&p.recording.events);
         Self {
             policy: p.policy.clone(),

@@ -47,19 +47,18 @@ use std::time::Instant;
 use ahash::AHashMap;
 use remat_alloc::plan::{compact_within, plan as place, Algorithm, Plan, Request as PlanRequest};
 
-use crate::arena::{arena_size, ArenaMemory, ARENA_ALIGN};
-use crate::config::{BudgetMode, DtrConfig, PolicyKind};
+use crate::config::{BudgetMode, DtrConfig, PolicyKind, FIRST_ITERATION_LIMIT};
 use crate::error::{Error, OpError, Result};
-use crate::execute::{IterationPlan, PlanStep};
 use crate::ids::TensorId;
+use crate::memory::arena::{arena_size, ArenaMemory, ARENA_ALIGN};
 use crate::memory::{
     AllocFailure, BlockView, LogicalBudget, MemoryModel, MemoryUsage, RequestShape, Slot,
 };
 use crate::op::{OpHandle, OutputSpec};
+use crate::plan::{IterationPlan, PlanStep};
+use crate::policy::oracle::{self, EStar, Future, OracleKind};
 use crate::policy::{make_policy, score_kind, EvictionPolicy, ScoreKind, ScorePolicy};
 use crate::record::{Event, Recording, Ref};
-use crate::replay::oracle::{self, EStar, Future, OracleKind};
-use crate::replay::FIRST_ITERATION_LIMIT;
 use crate::runtime::Runtime;
 
 /// Shrinks of the simulated budget tried per portfolio entry.

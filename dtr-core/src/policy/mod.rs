@@ -8,6 +8,7 @@
 //! | Coop | [`window`] | the cheapest contiguous run of blocks that frees the request |
 //! | remat (default) | [`remat`] | h_DTR^eq over the sample, re-ranked by the hole an eviction opens |
 
+pub mod oracle;
 pub mod remat;
 pub mod score;
 pub mod window;

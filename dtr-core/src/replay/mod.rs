@@ -18,7 +18,7 @@
 /// Sweeps over traces, ratios, policies and budget modes: tables and SVG charts.
 pub mod sweep;
 
-pub mod oracle;
+pub use crate::policy::oracle;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +26,7 @@ use std::time::Instant;
 use ahash::{AHashMap, AHashSet};
 use remat_trace::{Instruction, Trace};
 
+pub use crate::config::FIRST_ITERATION_LIMIT;
 use crate::config::{BudgetMode, DtrConfig, PolicyKind};
 use crate::error::{Error, OpError};
 use crate::ids::TensorId;
@@ -685,10 +686,6 @@ fn drive(
         steady_overhead,
     })
 }
-
-/// Thrash limit of the first of several iterations (× baseline): it runs online
-/// and may be slow; a budget that needs more is reported as thrash.
-pub const FIRST_ITERATION_LIMIT: f64 = 20.0;
 
 /// Replay `trace` at `ratio` × its unbounded peak (`remat_trace::baseline`).
 pub fn replay_ratio(

@@ -3,9 +3,9 @@
 
 use remat_trace::Trace;
 
-use super::oracle::OracleKind;
 use super::{replay, ReplayError, ReplayOptions, ReplayReport, ReplayStatus};
 use crate::config::{BudgetMode, DtrConfig, PolicyKind};
+use crate::policy::oracle::OracleKind;
 
 /// What to sweep.
 #[derive(Debug, Clone)]
@@ -14,7 +14,7 @@ pub struct SweepSpec {
     pub ratios: Vec<f64>,
     /// Policies.
     pub policies: Vec<PolicyKind>,
-    /// Analysis only: oracles run beside the policies (see [`super::oracle`]).
+    /// Analysis only: oracles run beside the policies (see [`crate::policy::oracle`]).
     pub oracles: Vec<OracleKind>,
     /// Budget modes.
     pub modes: Vec<BudgetMode>,

@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use super::Runtime;
 use crate::error::{Error, ImpossibleBudget, ImpossibleCause, Result};
-use crate::execute::StepKind;
 use crate::graph::{Residency, NONE};
 use crate::ids::StorageId;
 use crate::memory::{AllocFailure, Slot};
+use crate::plan::StepKind;
 use crate::policy::{DecisionView, Request};
 
 impl<V> Runtime<V> {

@@ -38,13 +38,13 @@ use std::sync::Arc;
 use ahash::AHashMap;
 
 use super::Runtime;
-use crate::arena::{arena_size, ArenaLayout, ArenaMemory};
 use crate::config::PolicyKind;
 use crate::error::{Error, Result};
-use crate::execute::{Cursor, IterationPlan, PlanStep, StepKind};
 use crate::graph::NONE;
 use crate::ids::{StorageId, TensorId};
+use crate::memory::arena::{arena_size, ArenaLayout, ArenaMemory};
 use crate::memory::{MemoryModel, Slot};
+use crate::plan::{Cursor, IterationPlan, PlanStep, StepKind};
 use crate::policy::make_policy;
 use crate::record::{Boundary, Call, Recording, Ref};
 use crate::stats::{IterationReport, PlanStatus, RuntimeStats};
@@ -251,7 +251,7 @@ impl<V> Runtime<V> {
     /// with plan-ahead's portfolio of policies: a budget a plan can be made for,
     /// at which the first, online step with the configured policy also
     /// finishes (it may cost more: up to the replayer's first-iteration limit,
-    /// [`crate::replay::FIRST_ITERATION_LIMIT`] times).
+    /// [`crate::config::FIRST_ITERATION_LIMIT`] times).
     ///
     /// The answer is the lower edge of a range of feasible budgets: one step
     /// below it (1 B logical, 512 B physical) is not. Feasibility is not
@@ -713,7 +713,7 @@ impl<V> Runtime<V> {
     /// budget's size for physical budgets (logical budgets have no addresses).
     ///
     /// The arena follows the plan's layout without an address-ordered map while
-    /// the iteration follows the plan (see [`crate::arena`]).
+    /// the iteration follows the plan (see [`crate::memory::arena`]).
     fn adopt(&mut self, plan: &Arc<IterationPlan>, residents: &[StorageId]) -> Result<()> {
         if !self.memory.has_addresses() {
             return Ok(());
@@ -877,7 +877,7 @@ impl<V> Runtime<V> {
     /// does not fit either, or in a model that cannot move.
     ///
     /// With this, every budget at or above the working set (each storage
-    /// rounded to [`crate::arena::ARENA_ALIGN`]) is feasible in the physical
+    /// rounded to [`crate::memory::arena::ARENA_ALIGN`]) is feasible in the physical
     /// mode too, whatever the size of the model.
     pub(super) fn fall_back_to_arena(&mut self, request: &[u64]) -> Result<bool> {
         if !self.can_move() || !self.memory.has_addresses() || self.memory.can_compact() {

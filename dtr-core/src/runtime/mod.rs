@@ -999,10 +999,9 @@ impl<V> Runtime<V> {
 /// (unbounded when there is no budget).
 pub fn memory_model(config: &DtrConfig) -> Result<Box<dyn MemoryModel>> {
     Ok(match (config.budget_mode, config.budget) {
-        (BudgetMode::Physical, Some(b)) => Box::new(crate::physical::PhysicalBudget::with_config(
-            b,
-            config.physical_allocator(),
-        )?),
+        (BudgetMode::Physical, Some(b)) => Box::new(
+            crate::memory::physical::PhysicalBudget::with_config(b, config.physical_allocator())?,
+        ),
         (_, budget) => Box::new(LogicalBudget::new(budget)),
     })
 }

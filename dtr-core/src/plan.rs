@@ -28,7 +28,7 @@ pub struct IterationPlan {
     /// Offsets of the allocations: first one per storage of [`crate::record::Boundary::storages`],
     /// then one per allocation of the iteration, in order.
     pub offsets: Vec<u64>,
-    /// Rounded sizes of the same allocations (see [`crate::arena::arena_size`]).
+    /// Rounded sizes of the same allocations (see [`crate::memory::arena::arena_size`]).
     pub sizes: Vec<u64>,
     /// Bytes of the arena that holds every allocation of the plan (≤ budget).
     pub arena_bytes: u64,

@@ -1,11 +1,24 @@
-//! Where resident storages live: the [`MemoryModel`] trait, the [`LogicalBudget`]
-//! (the DTR paper's sum-of-live-bytes accounting) and, in [`crate::physical`], the
-//! physical model over a remat-alloc caching allocator.
+//! Where resident storages live: the [`MemoryModel`] trait the runtime places
+//! storages through, and its three models.
+//!
+//! | module | model | accounts |
+//! |---|---|---|
+//! | [`logical`] | [`LogicalBudget`] | the DTR paper's sum of live bytes: no rounding, no addresses |
+//! | [`physical`] | [`PhysicalBudget`] | a remat-alloc caching allocator over a simulated device of the budget's capacity: PyTorch's rounding, segments and fragmentation |
+//! | [`arena`] | [`ArenaMemory`] | one flat arena of the budget: planned offsets, best fit after a divergence, compaction |
 //!
 //! The runtime asks a model for a [`Slot`] per fresh storage; a failure with
 //! [`AllocFailure::NoRoom`] makes it evict and retry. Policies that care about
 //! placement ask for the O(1) [`MemoryModel::adjacent_free`] bytes of a slot and for
 //! the address-ordered [`MemoryModel::blocks`].
+
+pub mod arena;
+pub mod logical;
+pub mod physical;
+
+pub use arena::ArenaMemory;
+pub use logical::LogicalBudget;
+pub use physical::PhysicalBudget;
 
 /// A placed storage: enough to free it in O(1).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -158,119 +171,5 @@ pub trait MemoryModel: Send {
     fn free_bytes(&self) -> u64 {
         let u = self.usage();
         u.capacity.map_or(0, |c| c.saturating_sub(u.allocated))
-    }
-}
-
-/// The DTR paper's accounting: an allocation fits when live bytes plus the request
-/// stay within the budget. No rounding, no addresses, no fragmentation.
-#[derive(Debug, Clone, Default)]
-pub struct LogicalBudget {
-    capacity: Option<u64>,
-    /// Each request counts rounded up to a multiple of this (0 or 1: as asked).
-    align: u64,
-    live: u64,
-    peak: u64,
-    next_key: u64,
-}
-
-impl LogicalBudget {
-    /// A budget of `capacity` bytes (`None`: unbounded).
-    pub fn new(capacity: Option<u64>) -> Self {
-        Self {
-            capacity,
-            ..Self::default()
-        }
-    }
-
-    /// A budget that counts each request rounded up to a multiple of `align`
-    /// bytes: the bytes a compacting arena with that alignment needs.
-    pub fn aligned(capacity: Option<u64>, align: u64) -> Self {
-        Self {
-            capacity,
-            align,
-            ..Self::default()
-        }
-    }
-}
-
-impl MemoryModel for LogicalBudget {
-    fn name(&self) -> &'static str {
-        "logical"
-    }
-
-    fn allocate(&mut self, requested: u64) -> Result<Slot, AllocFailure> {
-        let bytes = if self.align > 1 {
-            requested.div_ceil(self.align) * self.align
-        } else {
-            requested
-        };
-        if let Some(cap) = self.capacity {
-            if self.live + bytes > cap {
-                return Err(AllocFailure::NoRoom {
-                    free_bytes: cap.saturating_sub(self.live),
-                });
-            }
-        }
-        self.live += bytes;
-        self.peak = self.peak.max(self.live);
-        self.next_key += 1;
-        Ok(Slot {
-            ptr: 0,
-            size: bytes,
-            requested,
-            key: self.next_key,
-        })
-    }
-
-    fn free(&mut self, slot: Slot) -> Result<(), String> {
-        self.live = self.live.checked_sub(slot.size).ok_or_else(|| {
-            format!(
-                "logical budget: freeing {} B of {} B live",
-                slot.size, self.live
-            )
-        })?;
-        Ok(())
-    }
-
-    fn adjacent_free(&self, _slot: &Slot) -> (u64, u64) {
-        (0, 0)
-    }
-
-    fn has_addresses(&self) -> bool {
-        false
-    }
-
-    fn blocks(&self, _out: &mut Vec<BlockView>) {}
-
-    fn capacity(&self) -> Option<u64> {
-        self.capacity
-    }
-
-    fn usage(&self) -> MemoryUsage {
-        MemoryUsage {
-            capacity: self.capacity,
-            allocated: self.live,
-            reserved: self.live,
-            peak_allocated: self.peak,
-            peak_reserved: self.peak,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn logical_budget_counts_live_bytes() {
-        let mut m = LogicalBudget::new(Some(100));
-        let a = m.allocate(60).unwrap();
-        assert_eq!(m.allocate(50), Err(AllocFailure::NoRoom { free_bytes: 40 }));
-        let b = m.allocate(40).unwrap();
-        m.free(a).unwrap();
-        assert_eq!(m.usage().allocated, 40);
-        assert_eq!(m.usage().peak_allocated, 100);
-        m.free(b).unwrap();
-        assert_eq!(m.free_bytes(), 100);
     }
 }
