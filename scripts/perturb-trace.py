@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a perturbed copy of a DTR-paper trace (JSON Lines), for checking that
-remat's settings are not fitted to the five shared traces (docs/dtr-results.md,
-"An earlier thrash rescue in the first iteration").
+remat's settings are not fitted to the five shared traces
+(docs/history/dtr-experiments.md, "Session 15: an earlier thrash rescue").
 
     scripts/perturb-trace.py IN OUT MODE SEED
 

@@ -24,6 +24,18 @@
 //!  burn_router::Runner<B>  handle container = the resident inner tensors
 //! ```
 //!
+//! ## Module layout
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | `channel` | [`DtrChannel`], the router channel that puts the runtime between Burn and `B` ([`Dtr<B>`] is `BackendRouter<DtrChannel<B>>`), and [`DtrBridge`], which moves inner handles between DTR devices |
+//! | `client` | [`DtrClient`], the router client of one device: runs each op on burn's IR runner, records it in the remat-dtr runtime (views as aliases, uploads and non-recomputable ops as roots), reads, drops, seals, ends iterations, keeps the first error; [`DtrStats`] |
+//! | `op` | the compute path: the recorded IR op replayed on the runner (`IrOp`, the runtime's op handle), [`Resident`] (the guard whose drop frees an inner tensor), view chains, which ops are views and which are recomputable |
+//! | `device` | [`DtrDevice`] (one slot each: one client, one runtime, one budget; slot 0 from `REMAT_DTR_CONF`), [`DtrOptions`], calibration against the inner pools ([`PoolReport`], [`DeviceMemory`]), `empty_cache` |
+//! | `cost` | [`CostModel`]: wall-clock time on synchronous backends, an analytic estimate from the IR (bytes, matmul/conv flops) on asynchronous ones |
+//! | `optim` (feature `optim`) | [`Sealing`], the optimizer wrapper that seals the device and ends the iteration after each step |
+//! | `error` | [`Error`] and [`Result`] |
+//!
 //! ## Why burn 0.21
 //!
 //! Burn 0.21.x is pinned (`=0.21.0`) on purpose: it is the **last release whose

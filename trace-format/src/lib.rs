@@ -57,6 +57,17 @@
 //!
 //! Malformed input (bad JSON, missing keys, unknown instructions, unknown names,
 //! non-numeric sizes, …) is a [`TraceError`] naming the line, never a panic.
+//!
+//! ## Module layout
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | the crate root | [`Trace`]: a parsed trace (its name and instructions); loading, parsing with the replay check or without it, writing back as JSON Lines |
+//! | `instruction` | [`Instruction`] and [`Annotation`], one per line, and the line-level JSON parser and writer |
+//! | `replay` | resolving names to tensors and tensors to storages without a budget: [`storage_events`], [`storage_lifetimes`] ([`StorageEvent`], [`StorageLifetime`]) and [`baseline`] ([`BaselineFigures`], the DTR paper simulator's exact figures) |
+//! | `builder` | [`TraceBuilder`]: a trace written instruction by instruction (synthetic traces for tests, examples and benches), checked like a parsed one |
+//! | `locate` | finding the trace files outside the repository: [`traces_dir`] (`REMAT_TRACES_DIR`, [`TRACES_DIR_ENV`]), [`trace_files`], [`find_trace`], [`require_traces`] |
+//! | `error` | [`TraceError`] |
 
 mod builder;
 mod error;

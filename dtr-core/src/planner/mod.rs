@@ -231,7 +231,7 @@ fn plan_with_work_limit(
     // The full-scan entries' copies run only while the work is under it, in
     // any round.
     // (Perturbing every learned entry in both placements too found more on
-    // resnet32 at up to 5x the planning time: docs/dtr-results.md.)
+    // resnet32 at up to 5x the planning time: docs/history/dtr-experiments.md.)
     let work_limit = work_per_event.saturating_mul(rec.events.len() as u64);
     let in_any_arena = competitive.iter().any(|&(_, _, (in_arena, _))| in_arena);
     // Rounds that simulated a copy (none where no entry competed).
