@@ -96,10 +96,14 @@
 //! both, the planner drives the same `Runtime` code over `()` values, and the
 //! executor's steps name storages by the sequence numbers both paths assign.
 //! Among the data modules the arrows go one way: `record` (the recording's
-//! types) ← `plan` (the plan's types) ← `planner`. The recorder and the
-//! executor themselves are code of the runtime (`runtime::iteration`: it
-//! appends the events and follows the plan's steps), and the runtime and the
-//! planner meet in two places only: the runtime calls
+//! types) ← `plan` (the plan's types) ← `planner`, and `memory`, `policy`
+//! (with `policy::oracle`, the future-reading policies of the planner's
+//! portfolio) ← `runtime` ← `planner` ← `replay`. Nothing in the library calls
+//! `replay`: it is a leaf for the command line, benches and tests. The
+//! recorder, the plan follower and the online rescues are parts of the runtime
+//! (`runtime::iteration::{record, follow, rescue, boundary}`, each with its own
+//! state; that module's doc draws how a planned access flows through them),
+//! and the runtime and the planner meet in two places only: the runtime calls
 //! `planner::plan_iteration` (and `min_feasible_budget`) at a boundary, and the
 //! planner's simulations are `Runtime<()>`s, which is what makes a simulated
 //! schedule the one the next step runs.

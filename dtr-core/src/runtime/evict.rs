@@ -149,7 +149,7 @@ impl<V> Runtime<V> {
 
     /// Place `bytes`, evicting while the memory model says there is no room.
     pub(super) fn make_room(&mut self, bytes: u64) -> Result<Slot> {
-        if self.iter.following {
+        if self.iter.follower.following {
             if let Some(slot) = self.planned_alloc(bytes)? {
                 self.iter.allocs += 1;
                 return Ok(slot);

@@ -1,0 +1,428 @@
+//! The boundary between two iterations ([`Runtime::end_iteration`]): freeze
+//! what the ended iteration left resident, make what it left evicted stale,
+//! name the live state canonically ([`Boundary`]), and plan the next iteration
+//! when it starts from the same state: now, or on a background thread.
+
+use std::sync::Arc;
+
+use ahash::AHashMap;
+
+use super::super::{Runtime, TensorRec};
+use crate::error::{Error, Result};
+use crate::ids::{StorageId, TensorId};
+use crate::plan::{Cursor, IterationPlan};
+use crate::record::{Boundary, Recording, Ref};
+use crate::stats::{IterationReport, PlanStatus};
+
+/// The most a plan made after a rescued iteration may cost, over its first
+/// computations: the DTR paper's line between an overhead and a failure
+/// (see [`Runtime::plan_bound`]).
+const RESCUED_PLAN_LIMIT: f64 = 2.0;
+
+/// Whether `report`, an iteration that ran online from start to end, did not
+/// repeat the cost of the one before it, which ran online too (`last`: its
+/// first computations and replays, ns): the same computations (the same
+/// program), other replays.
+fn unrepeated(last: Option<(f64, f64)>, report: &IterationReport) -> bool {
+    !report.planned
+        && last.is_some_and(|(compute, remat)| {
+            compute == report.compute_ns && remat != report.remat_ns
+        })
+}
+
+/// A plan being made on a background thread from `recording`.
+pub(crate) struct PendingPlan {
+    recording: Arc<Recording>,
+    /// What the plan may cost (ns, [`Runtime::plan_bound`]).
+    bound: f64,
+    job: std::thread::JoinHandle<Result<Option<IterationPlan>>>,
+}
+
+/// The planning state kept across boundaries.
+#[derive(Default)]
+pub(crate) struct Planning {
+    /// A recording being planned on a background thread
+    /// ([`crate::DtrConfig::plan_background`]).
+    pub pending: Option<PendingPlan>,
+    /// Boundaries wait for a pending plan of the same program
+    /// ([`Runtime::wait_for_background_plans`]).
+    pub wait_for_plans: bool,
+    /// First computations and replays (ns) of the last iteration, when it ran
+    /// online from start to end (see [`Runtime::plan_bound`]).
+    pub last_online: Option<(f64, f64)>,
+}
+
+impl<V> Runtime<V> {
+    /// The smallest budget (in this runtime's budget mode) under which the last
+    /// recorded iteration replays at a cost of at most `max_overhead` times its
+    /// first computations (1.0: no replay at all; the replayer's thrash limit is
+    /// 2.0). Answered offline, by bisection over simulations of the recording
+    /// with plan-ahead's portfolio of policies: a budget a plan can be made for,
+    /// at which the first, online step with the configured policy also
+    /// finishes (it may cost more: up to the replayer's first-iteration limit,
+    /// [`crate::config::FIRST_ITERATION_LIMIT`] times).
+    ///
+    /// The answer is the lower edge of a range of feasible budgets: one step
+    /// below it (1 B logical, 512 B physical) is not. Feasibility is not
+    /// monotone in the budget, so smaller feasible budgets may exist (the
+    /// bisection does not look for them). Storages resident at the recorded
+    /// iteration's start are never evicted again, so values a program holds
+    /// across a boundary raise the answer by their size.
+    ///
+    /// Errors: `max_overhead` not a number ≥ 1 ([`Error::InvalidArgument`]); no iteration
+    /// recorded whole yet ([`Error::NotRecorded`]: call
+    /// [`Runtime::record_iterations`] without a budget, then
+    /// [`Runtime::end_iteration`] after a step).
+    pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
+        if !(max_overhead.is_finite() && max_overhead >= 1.0) {
+            return Err(Error::InvalidArgument {
+                name: "max_overhead",
+                value: max_overhead.to_string(),
+                expected: "a finite number ≥ 1.0",
+            });
+        }
+        let rec = self.iter.recorder.last_recording.as_ref().ok_or_else(|| Error::NotRecorded {
+            why: if self.iter.recorder.recording.is_some() {
+                "no iteration has ended since recording started (call end_iteration after a step)"
+            } else {
+                "iterations are not recorded (set a budget with plan_ahead on, or call record_iterations)"
+            },
+        })?;
+        crate::planner::min_feasible_budget(rec, &self.config, max_overhead)?.ok_or_else(|| {
+            Error::Internal("the recorded iteration does not replay under any budget".into())
+        })
+    }
+
+    /// With [`DtrConfig::plan_background`](crate::DtrConfig::plan_background):
+    /// whether a boundary waits for a background plan of the program that just
+    /// ran again (`true`: the plan is taken at the first boundary after it was
+    /// started, deterministically, as the replayer does) or takes it only once
+    /// its thread has finished (`false`, the default: no boundary waits, and
+    /// iterations run online until the plan is ready).
+    pub fn wait_for_background_plans(&mut self, on: bool) {
+        self.iter.planning.wait_for_plans = on;
+    }
+
+    /// Background planning at a boundary where the iteration that ended
+    /// (recorded as `rec`, costing `measured_ns`) starts the next one from its
+    /// own starting state. A plan pending from an earlier iteration of the same
+    /// program is taken once its thread has finished (or waited for, see
+    /// [`Runtime::wait_for_background_plans`]); until then the next iteration
+    /// runs online ([`PlanStatus::Planning`]). Without one, `rec` is sent to a
+    /// new planning thread; so it is when the pending thread found no plan
+    /// under a bound lower than `measured_ns` (an unrepeated online iteration
+    /// raised it). A pending plan of another program is dropped (its thread
+    /// ends on its own).
+    pub(super) fn plan_in_background(
+        &mut self,
+        rec: Arc<Recording>,
+        measured_ns: f64,
+    ) -> Result<(Option<IterationPlan>, PlanStatus)> {
+        if let Some(p) = self.iter.planning.pending.take() {
+            if p.recording.same_program(&rec) {
+                if !p.job.is_finished() && !self.iter.planning.wait_for_plans {
+                    self.iter.planning.pending = Some(p);
+                    return Ok((None, PlanStatus::Planning));
+                }
+                let plan = p.job.join().map_err(|_| {
+                    Error::Internal("the background planning thread panicked".into())
+                })??;
+                if plan.is_some() || measured_ns <= p.bound {
+                    let status = if plan.is_some() {
+                        PlanStatus::Planned
+                    } else {
+                        PlanStatus::NoPlan
+                    };
+                    return Ok((plan, status));
+                }
+            }
+        }
+        let config = self.config.clone();
+        let job_rec = rec.clone();
+        let job = std::thread::Builder::new()
+            .name("remat-plan".into())
+            .spawn(move || crate::planner::plan_iteration(&job_rec, &config, measured_ns))
+            .map_err(|e| Error::Internal(format!("cannot start a planning thread: {e}")))?;
+        self.iter.planning.pending = Some(PendingPlan {
+            recording: rec,
+            bound: measured_ns,
+            job,
+        });
+        Ok((None, PlanStatus::Planning))
+    }
+
+    /// The live state as sizes, with the resident storages and the live
+    /// tensors in the same order.
+    ///
+    /// Canonical order, the same in every iteration of a repeated program
+    /// whichever slab slots its tensors took: resident storages by when their
+    /// oldest live tensor was made ([`TensorRec::born`]; those without
+    /// one after, by creation: iteration, then sequence number within it);
+    /// live tensors by their storage in that order (evicted ones after), then
+    /// by when each was made. Not by a storage's creation alone: an update
+    /// through [`Runtime::mutate`] renews a storage's version, so an iteration
+    /// that skips one such update (a layer left out) would renumber the next
+    /// start, and a plan recorded under one numbering would diverge from a
+    /// start that only looks the same (same sizes, other tensors). (An
+    /// optimizer that makes new parameter tensors each step, as Burn's do,
+    /// still renumbers when it skips one: the skipped parameter keeps its
+    /// older tensor.) Frameworks whose optimizers make new parameter tensors
+    /// each step (Burn) and those that keep them (Candle) both repeat it.
+    pub(super) fn boundary(&self) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
+        let key = |s: StorageId| {
+            let r = self.graph.st(s);
+            let born = (r.tensors.iter())
+                .filter_map(|&i| self.tensors.get(i))
+                .map(|t| t.born)
+                .min()
+                .unwrap_or(u64::MAX);
+            (!r.is_resident(), born, r.epoch, r.seq, s.0)
+        };
+        // Each key is computed once (it reads the storage's tensors).
+        let mut order: Vec<(_, StorageId)> = self
+            .graph
+            .storages
+            .iter()
+            .filter(|(_, r)| r.is_resident())
+            .map(|(i, _)| (key(StorageId(i)), StorageId(i)))
+            .collect();
+        order.sort_unstable_by_key(|&(k, _)| k);
+        let order: Vec<StorageId> = order.into_iter().map(|(_, s)| s).collect();
+        let position: AHashMap<u32, u32> = order
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (s.0, k as u32))
+            .collect();
+        // A resident storage's key is its position; an evicted one's is
+        // computed once.
+        let mut evicted: AHashMap<u32, _> = AHashMap::new();
+        let mut live: Vec<(_, u32, &TensorRec)> = (self.tensors.iter())
+            .map(|(i, t)| {
+                let s = t.storage;
+                let k = match position.get(&s.0) {
+                    Some(&p) => (false, p as u64, 0, 0, 0),
+                    None => *evicted.entry(s.0).or_insert_with(|| key(s)),
+                };
+                ((k, t.born), i, t)
+            })
+            .collect();
+        live.sort_unstable_by_key(|&(k, _, _)| k);
+        let tensors = live
+            .iter()
+            .map(|(_, _, t)| (position.get(&t.storage.0).copied(), t.refs))
+            .collect();
+        let ids = live
+            .iter()
+            .map(|&(_, i, _)| TensorId {
+                index: i,
+                generation: self.generations[i as usize],
+            })
+            .collect();
+        let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
+        (Boundary { storages, tensors }, order, ids)
+    }
+
+    /// End the current training iteration (call it after the optimizer step).
+    ///
+    /// - Storages the iteration left **resident** stay readable: they are never
+    ///   evicted again.
+    /// - Storages it left **evicted** are stale: their inputs (the weights) may
+    ///   have changed, so reading one is [`Error::StaleValue`], never a silent
+    ///   recompute from updated inputs.
+    /// - With a budget (and `plan_ahead` on, the default), the recorded iteration
+    ///   is planned: when the next iteration starts from the same state, remat
+    ///   simulates the recording under the budget with a portfolio of policies
+    ///   that know its future, places every allocation of the best schedule in
+    ///   one arena no larger than the budget, and follows that plan while the
+    ///   next iteration repeats the recorded one.
+    ///
+    /// Returns the figures of the iteration that ended.
+    pub fn end_iteration(&mut self) -> Result<IterationReport> {
+        let delta = |now: f64, then: f64| (now - then).max(0.0);
+        let s0 = &self.iter.start_stats;
+        let mut report = IterationReport {
+            index: self.iter.epoch,
+            planned: self.iter.follower.plan.is_some(),
+            divergences: self.iter.follower.divergences,
+            compute_ns: delta(self.stats.compute_ns, s0.compute_ns),
+            remat_ns: delta(self.stats.remat_ns, s0.remat_ns),
+            evictions: self.stats.evictions - s0.evictions,
+            rematerializations: self.stats.rematerializations - s0.rematerializations,
+            arena_bytes: self.iter.follower.plan.as_ref().map(|p| p.arena_bytes),
+            rescued: self.stats.rescued_since(&self.iter.start_stats),
+            next_plan: None,
+            planning: PlanStatus::Off,
+        };
+        // Freeze what stays resident; what is evicted becomes stale (epoch).
+        let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
+        for i in ids {
+            let s = StorageId(i);
+            if self.graph.st(s).is_resident() && self.graph.st(s).recomputable {
+                self.graph.withdraw(s);
+                self.graph.st_mut(s).recomputable = false;
+            }
+        }
+        // An iteration that followed its plan to the end repeated the plan's
+        // recording; one that stopped short of it diverged.
+        let followed_whole = self.iter.follower.following
+            && (self.iter.follower.plan.as_ref())
+                .is_some_and(|p| self.iter.follower.matched == p.recording.events.len());
+        if self.iter.follower.following && !followed_whole {
+            self.diverge("the iteration ended before its plan did");
+        }
+        self.iter.epoch += 1;
+        let (boundary, residents, live) = self.boundary();
+        let own = self.iter.recorder.recording.take();
+        let recorded = match (followed_whole, own, self.iter.follower.plan.as_ref()) {
+            (true, Some(_), Some(p)) => Some(p.recording.clone()),
+            (_, own, _) => own.map(Arc::new),
+        };
+        if let Some(rec) = recorded.as_ref() {
+            if !self.iter.recorder.broken && !rec.events.is_empty() {
+                self.iter.recorder.last_recording = Some(rec.clone());
+            }
+        }
+        let previous = self.iter.follower.plan.take();
+        let mut next = None;
+        let unrepeated = unrepeated(self.iter.planning.last_online, &report);
+        self.iter.planning.last_online = (!report.planned && !self.iter.recorder.broken)
+            .then_some((report.compute_ns, report.remat_ns));
+        let bound = Self::plan_bound(&report, unrepeated);
+        report.planning = match recorded {
+            _ if !self.iter.enabled => PlanStatus::Off,
+            None => PlanStatus::NotRecorded,
+            Some(_) if self.iter.recorder.broken => PlanStatus::CallFailed,
+            Some(r) if r.events.is_empty() => PlanStatus::NotRecorded,
+            Some(r) if r.start != boundary => PlanStatus::StartDiffers,
+            Some(rec) => match previous {
+                // The iteration repeated its plan exactly: the plan stands.
+                Some(p) if followed_whole && p.recording.start == boundary => {
+                    next = Some(p);
+                    PlanStatus::Kept
+                }
+                _ if self.config.plan_background => {
+                    let (plan, status) = self.plan_in_background(rec, bound)?;
+                    next = plan.map(Arc::new);
+                    status
+                }
+                _ => {
+                    next = crate::planner::plan_iteration(&rec, &self.config, bound)?.map(Arc::new);
+                    if next.is_some() {
+                        PlanStatus::Planned
+                    } else {
+                        PlanStatus::NoPlan
+                    }
+                }
+            },
+        };
+        report.next_plan = next.as_deref().map(Into::into);
+        if let Some(plan) = next.clone() {
+            self.adopt(&plan, &residents)?;
+        }
+        self.iter.follower.following = next.is_some();
+        self.iter.follower.stable_order = next.is_some();
+        self.iter.follower.plan = next;
+        self.iter.follower.cursor = Cursor::default();
+        self.iter.follower.matched = 0;
+        self.iter.seq_storages.clear();
+        self.iter.allocs = 0;
+        self.iter.pos = 0;
+        self.iter.recorder.new_tensors = 0;
+        self.iter.recorder.broken = false;
+        self.iter.follower.divergences = 0;
+        if let Some(policy) = self.iter.rescue.set_aside_policy.take() {
+            self.policy = policy;
+        }
+        self.iter.start_stats = self.stats.clone();
+        self.stats.iterations += 1;
+        if self.iter.enabled || self.iter.recorder.record_always {
+            self.iter.recorder.recording = Some(Recording {
+                start: boundary,
+                ..Recording::default()
+            });
+        }
+        self.iter.recorder.refs.clear();
+        if self.tracking() {
+            for (k, t) in live.into_iter().enumerate() {
+                self.iter.recorder.refs.insert(t, Ref::Prefix(k as u32));
+            }
+        }
+        Ok(report)
+    }
+
+    /// What a plan for the next iteration may cost (ns): at most what the
+    /// iteration that just ended did, unless that iteration was rescued (moved
+    /// storages to defragment, or switched policy because it was losing). A
+    /// rescued iteration's cost is no figure the next one can count on: the
+    /// copies that defragmented it are not charged, and its layout came from
+    /// them (treelstm at 0.25: two online iterations at 1.263 and 1.262, then
+    /// one from the same state that thrashes). Its plan, whose cost is exact,
+    /// is then taken up to [`RESCUED_PLAN_LIMIT`] times the first
+    /// computations. So is the plan after an online iteration that did not
+    /// repeat the cost of the online one before it (`unrepeated`: the same
+    /// computations, other replays), for the same reason: the next online
+    /// iteration may cost anything (unroll_gan with perturbed costs at 0.3:
+    /// 1.125 and 1.134 online, no plan cheaper than either, then a third
+    /// online iteration that thrashes). "The same computations" compares the
+    /// summed op costs exactly: with fixed costs (the replayer, analytic cost
+    /// models) a repeated program sums to the same figure; with measured
+    /// wall-clock costs it never does, and the rule never fires.
+    pub(super) fn plan_bound(report: &IterationReport, unrepeated: bool) -> f64 {
+        let measured = report.compute_ns + report.remat_ns;
+        if report.rescued || unrepeated {
+            measured.max(RESCUED_PLAN_LIMIT * report.compute_ns)
+        } else {
+            measured
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(planned: bool, compute_ns: f64, remat_ns: f64, rescued: bool) -> IterationReport {
+        IterationReport {
+            index: 1,
+            planned,
+            divergences: 0,
+            compute_ns,
+            remat_ns,
+            evictions: 0,
+            rematerializations: 0,
+            arena_bytes: None,
+            rescued,
+            next_plan: None,
+            planning: PlanStatus::NotRecorded,
+        }
+    }
+
+    #[test]
+    fn a_plan_may_cost_up_to_2x_after_a_rescued_or_unrepeated_online_iteration() {
+        let online = report(false, 100.0, 10.0, false);
+        // The same program online twice at two costs: not repeating.
+        assert!(unrepeated(Some((100.0, 12.0)), &online));
+        // The same cost, another program, no online iteration before, or an
+        // iteration that started on a plan: nothing to say.
+        assert!(!unrepeated(Some((100.0, 10.0)), &online));
+        assert!(!unrepeated(Some((90.0, 12.0)), &online));
+        assert!(!unrepeated(None, &online));
+        assert!(!unrepeated(
+            Some((100.0, 12.0)),
+            &report(true, 100.0, 10.0, false)
+        ));
+        // The bound: what the iteration cost, or up to 2× its computations.
+        type R = Runtime<()>;
+        assert_eq!(R::plan_bound(&online, false), 110.0);
+        assert_eq!(R::plan_bound(&online, true), 200.0);
+        assert_eq!(
+            R::plan_bound(&report(false, 100.0, 10.0, true), false),
+            200.0
+        );
+        // An iteration that cost more than 2× is its own bound.
+        assert_eq!(
+            R::plan_bound(&report(false, 100.0, 150.0, false), true),
+            250.0
+        );
+    }
+}
