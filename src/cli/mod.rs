@@ -1,9 +1,11 @@
 //! Subcommands of the `remat` binary, one module each.
 
+mod charts;
 mod config;
 mod demo;
 pub mod plan;
 pub mod replay;
+mod tables;
 
 use clap::{Parser, Subcommand};
 

@@ -11,12 +11,13 @@ use std::path::PathBuf;
 
 use remat_alloc::AllocatorConfig;
 use remat_dtr::replay::oracle::OracleKind;
-use remat_dtr::replay::sweep::{
-    fragmentation_table, overhead_chart, overhead_table, run_sweep, timeline_chart, SweepSpec,
-};
+use remat_dtr::replay::sweep::{run_sweep, SweepSpec};
 use remat_dtr::replay::{replay, ReplayOptions, ReplayReport};
 use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
 use remat_trace::{find_trace, trace_files, Trace};
+
+use super::charts::{overhead_chart, timeline_chart};
+use super::tables::{fragmentation_table, overhead_table};
 
 /// Arguments of `remat replay`.
 #[derive(clap::Args, Debug, Clone)]
@@ -206,7 +207,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         r.ratio = Some(args.ratio);
     }
     if let Some(path) = &args.timeline {
-        std::fs::write(path, timeline_chart(&r))?;
+        std::fs::write(path, timeline_chart(&r)?)?;
     }
     if args.json {
         println!("{}", report_json(&r));
@@ -343,7 +344,7 @@ fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(args.out.join("sweep.jsonl"), jsonl)?;
     for t in &traces {
         for m in &spec.modes {
-            let svg = overhead_chart(&reports, &t.name, *m);
+            let svg = overhead_chart(&reports, &t.name, *m)?;
             std::fs::write(args.out.join(format!("{}-{}.svg", t.name, m.name())), svg)?;
         }
     }
@@ -369,7 +370,7 @@ fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut r = replay(t, &opts, b.compute_ns)?;
     r.ratio = Some(ratio);
-    std::fs::write(args.out.join("timeline.svg"), timeline_chart(&r))?;
+    std::fs::write(args.out.join("timeline.svg"), timeline_chart(&r)?)?;
     eprintln!(
         "wrote {}/sweep.md, sweep.jsonl, <trace>-<mode>.svg, timeline.svg in {:.1}s",
         args.out.display(),

@@ -15,7 +15,7 @@
 //! ns). With a budget, a run whose overhead exceeds the thrash limit (2.0) stops as
 //! [`ReplayStatus::Thrash`]; an impossible budget is [`ReplayStatus::Oom`].
 
-/// Sweeps over traces, ratios, policies and budget modes: tables and SVG charts.
+/// Sweeps over traces, ratios, policies and budget modes.
 pub mod sweep;
 
 pub use crate::policy::oracle;

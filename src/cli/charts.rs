@@ -1,0 +1,197 @@
+//! SVG charts of replay reports, drawn with plotters' SVG backend:
+//! overhead against the budget ratio (one line per policy) and one run's memory
+//! over its compute clock.
+
+use plotters::prelude::*;
+use remat_dtr::replay::{ReplayReport, ReplayStatus};
+use remat_dtr::BudgetMode;
+
+use super::tables::unique;
+
+/// An error while drawing (plotters' drawing errors, as text).
+type ChartResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Line colours, one per policy (matplotlib's tab10, which reads on white).
+const PALETTE: [RGBColor; 9] = [
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
+
+/// The overhead axis ends here: the replayer's thrash limit. Runs that ended
+/// `oom` or `thrash` are drawn on it with a cross.
+const OVERHEAD_TOP: f64 = 2.0;
+
+/// SVG: overhead against the budget ratio, one line per policy (remat's drawn
+/// thicker), for one trace and budget mode.
+pub fn overhead_chart(
+    reports: &[ReplayReport],
+    trace: &str,
+    mode: BudgetMode,
+) -> ChartResult<String> {
+    let rs: Vec<&ReplayReport> = reports
+        .iter()
+        .filter(|r| r.trace == trace && r.budget_mode == mode && r.ratio.is_some())
+        .collect();
+    let policies = unique(rs.iter().map(|r| r.policy.clone()));
+    let x_min = rs
+        .iter()
+        .filter_map(|r| r.ratio)
+        .fold(1.0f64, f64::min)
+        .min(0.1);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (800, 460)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("{trace}: overhead vs budget ({} budget)", mode.name()),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(42)
+            .y_label_area_size(56)
+            .build_cartesian_2d(x_min..1.0f64, 1.0f64..OVERHEAD_TOP + 0.05)?;
+        chart
+            .configure_mesh()
+            .x_desc("budget / unbounded peak")
+            .y_desc("overhead: (compute + recompute) / compute")
+            .x_labels(10)
+            .y_labels(11)
+            .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+            .draw()?;
+        for (i, policy) in policies.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let width = if policy == "remat" { 3 } else { 1 };
+            let mut points: Vec<(f64, f64, bool)> = rs
+                .iter()
+                .filter(|r| &r.policy == policy)
+                .map(|r| {
+                    let ok = r.status == ReplayStatus::Ok;
+                    let y = if ok {
+                        r.overhead.min(OVERHEAD_TOP)
+                    } else {
+                        OVERHEAD_TOP
+                    };
+                    (r.ratio.unwrap_or(0.0), y, ok)
+                })
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let finished = points.iter().filter(|p| p.2).map(|&(x, y, _)| (x, y));
+            chart
+                .draw_series(LineSeries::new(finished.clone(), color.stroke_width(width)))?
+                .label(policy.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width))
+                });
+            chart.draw_series(finished.map(|p| Circle::new(p, 3, color.filled())))?;
+            chart.draw_series(
+                (points.iter().filter(|p| !p.2))
+                    .map(|&(x, y, _)| Cross::new((x, y), 4, color.stroke_width(2))),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(0xbb, 0xbb, 0xbb))
+            .draw()?;
+        root.draw(&Text::new(
+            "× on the top edge: oom or thrash",
+            (70, 440),
+            ("sans-serif", 12)
+                .into_font()
+                .color(&RGBColor(0x55, 0x55, 0x55)),
+        ))?;
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// SVG: live and reserved bytes over the compute clock for one run (its report
+/// made with `timeline_every`), with the budget as a dashed line.
+pub fn timeline_chart(r: &ReplayReport) -> ChartResult<String> {
+    const MB: f64 = 1e6;
+    let t_max_ms = r.timeline.last().map_or(1.0, |p| p.clock_ns.max(1.0)) / 1e6;
+    let y_max_mb = (r.timeline.iter())
+        .map(|p| p.reserved_bytes.max(p.live_bytes))
+        .max()
+        .unwrap_or(1)
+        .max(r.budget_bytes.unwrap_or(0))
+        .max(1) as f64
+        / MB;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (800, 360)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "{}: {} at ratio {} ({} budget), memory over compute time",
+                    r.trace,
+                    r.policy,
+                    r.ratio.unwrap_or(0.0),
+                    r.budget_mode.name()
+                ),
+                ("sans-serif", 16),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..t_max_ms, 0.0..y_max_mb * 1.05)?;
+        chart
+            .configure_mesh()
+            .x_desc("compute clock (ms)")
+            .y_desc("MB")
+            .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+            .draw()?;
+        let series = |bytes: fn(&remat_dtr::replay::TimelinePoint) -> u64| {
+            (r.timeline.iter()).map(move |p| (p.clock_ns / 1e6, bytes(p) as f64 / MB))
+        };
+        let live = PALETTE[1];
+        let reserved = RGBColor(0xff, 0x7f, 0x0e);
+        chart
+            .draw_series(LineSeries::new(
+                series(|p| p.live_bytes),
+                live.stroke_width(1),
+            ))?
+            .label("live")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], live));
+        chart
+            .draw_series(LineSeries::new(
+                series(|p| p.reserved_bytes),
+                reserved.stroke_width(1),
+            ))?
+            .label("reserved")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], reserved));
+        if let Some(b) = r.budget_bytes {
+            let red = PALETTE[0];
+            let y = b as f64 / MB;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, y), (t_max_ms, y)],
+                    6,
+                    4,
+                    red.stroke_width(1),
+                ))?
+                .label("budget")
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(0xbb, 0xbb, 0xbb))
+            .draw()?;
+        root.present()?;
+    }
+    Ok(svg)
+}
