@@ -12,7 +12,7 @@
 //! | `var_builder.rs` | [`VarBuilder`]: candle-nn's builder carrying the [`Remat`](crate::Remat) context |
 //! | `optim.rs` | [`Optimizer`]: candle-nn's optimizers stepping from an [`RTensor`] loss |
 //! | `linear.rs` | [`Linear`], [`linear`], [`linear_b`], [`linear_no_bias`] |
-//! | `conv.rs` | [`Conv1d`], [`Conv2d`], [`ConvTranspose2d`] and their builders |
+//! | `conv.rs` | [`Conv`] over a [`ConvKind`] ([`Conv1d`], [`Conv2d`], [`ConvTranspose2d`]) and their builders |
 //! | `norm.rs` | [`LayerNorm`], [`RmsNorm`], [`BatchNorm`] and their builders |
 //! | `embedding.rs` | [`Embedding`], [`embedding`] |
 //! | `activation.rs` | [`Activation`]'s forward, [`Dropout`] |
@@ -52,8 +52,8 @@ pub mod with_tracing;
 pub use activation::Dropout;
 pub use attention::{causal_mask, MultiHeadAttention};
 pub use conv::{
-    conv1d, conv1d_no_bias, conv2d, conv2d_no_bias, conv_transpose2d, Conv1d, Conv2d,
-    ConvTranspose2d,
+    conv1d, conv1d_no_bias, conv2d, conv2d_no_bias, conv_transpose2d, Conv, Conv1d, Conv2d,
+    ConvKind, ConvTranspose2d,
 };
 pub use embedding::{embedding, Embedding};
 pub use linear::{linear, linear_b, linear_no_bias, Linear};
