@@ -67,24 +67,32 @@ impl LayerNorm {
     }
 }
 
+/// candle-nn's normalization of the last dimension, shared by its layers and
+/// [`ops`](super::ops): in F32 for half types, centred when `remove_mean`,
+/// divided by `√(mean square + eps)`, back in `x`'s dtype (the scale and shift
+/// are the caller's).
+pub(super) fn normalize(x: &RTensor, remove_mean: bool, eps: f64) -> Result<RTensor> {
+    let x_dtype = x.dtype();
+    let internal_dtype = match x_dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    };
+    let hidden_size = x.dim(D::Minus1)?;
+    let x = x.to_dtype(internal_dtype)?;
+    let x = if remove_mean {
+        let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+        x.broadcast_sub(&mean_x)?
+    } else {
+        x
+    };
+    let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
+    let x_normed = x.broadcast_div(&(norm_x + eps)?.sqrt()?)?;
+    x_normed.to_dtype(x_dtype)
+}
+
 impl Module for LayerNorm {
     fn forward(&self, x: &RTensor) -> Result<RTensor> {
-        let x_dtype = x.dtype();
-        let internal_dtype = match x_dtype {
-            DType::F16 | DType::BF16 => DType::F32,
-            d => d,
-        };
-        let hidden_size = x.dim(D::Minus1)?;
-        let x = x.to_dtype(internal_dtype)?;
-        let x = if self.remove_mean {
-            let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
-            x.broadcast_sub(&mean_x)?
-        } else {
-            x
-        };
-        let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
-        let x_normed = x.broadcast_div(&(norm_x + self.eps)?.sqrt()?)?;
-        let x = x_normed.to_dtype(x_dtype)?.broadcast_mul(&self.weight)?;
+        let x = normalize(x, self.remove_mean, self.eps)?.broadcast_mul(&self.weight)?;
         match &self.bias {
             None => Ok(x),
             Some(bias) => x.broadcast_add(bias),

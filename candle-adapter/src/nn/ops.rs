@@ -4,8 +4,9 @@
 //! `layer_norm_slow`): the same values, and a gradient.
 
 use candle_core::shape::Dim;
-use candle_core::{DType, D};
+use candle_core::D;
 
+use super::norm::normalize;
 use crate::error::Result;
 use crate::tensor::RTensor;
 
@@ -55,33 +56,12 @@ pub fn leaky_relu(xs: &RTensor, negative_slope: f64) -> Result<RTensor> {
 /// RMS normalization of the last dimension scaled by `alpha` (candle-nn's
 /// `rms_norm_slow`, the differentiable form of its fused `rms_norm`).
 pub fn rms_norm(x: &RTensor, alpha: &RTensor, eps: f32) -> Result<RTensor> {
-    let x_dtype = x.dtype();
-    let internal_dtype = match x_dtype {
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    };
-    let hidden_size = x.dim(D::Minus1)?;
-    let x = x.to_dtype(internal_dtype)?;
-    let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
-    let x_normed = x.broadcast_div(&(norm_x + eps as f64)?.sqrt()?)?;
-    x_normed.to_dtype(x_dtype)?.broadcast_mul(alpha)
+    normalize(x, false, eps as f64)?.broadcast_mul(alpha)
 }
 /// Layer normalization of the last dimension (candle-nn's `layer_norm_slow`,
 /// the differentiable form of its fused `layer_norm`).
 pub fn layer_norm(x: &RTensor, alpha: &RTensor, beta: &RTensor, eps: f32) -> Result<RTensor> {
-    let x_dtype = x.dtype();
-    let internal_dtype = match x_dtype {
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    };
-    let hidden_size = x.dim(D::Minus1)?;
-    let x = x.to_dtype(internal_dtype)?;
-    let mean_x = (x.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
-    let x = x.broadcast_sub(&mean_x)?;
-    let norm_x = (x.sqr()?.sum_keepdim(D::Minus1)? / hidden_size as f64)?;
-    let x_normed = x.broadcast_div(&(norm_x + eps as f64)?.sqrt()?)?;
-    x_normed
-        .to_dtype(x_dtype)?
+    normalize(x, true, eps as f64)?
         .broadcast_mul(alpha)?
         .broadcast_add(beta)
 }
