@@ -226,126 +226,60 @@ fn no_metal<T>() -> candle_core::Result<T> {
     ))
 }
 
-impl CustomOp1 for Attach {
-    fn name(&self) -> &'static str {
-        self.node.name
-    }
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu()
-    }
-    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.cuda()
-    }
-    fn metal_fwd(
-        &self,
-        _: &MetalStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        no_metal()
-    }
-    fn bwd(&self, a: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let mut g = self.node.backward(&[a], res, grad)?;
-        Ok(self.grad(0, &mut g))
-    }
+/// `Attach` as candle's custom op of one arity: each forward hands over the
+/// stash (the input storages are not read), `bwd` runs the node's backward
+/// over the arguments. Listed per argument: its name in `bwd`, the names of its
+/// storage and layout in the forwards, its index.
+macro_rules! attach_op {
+    ($op:ident -> $grads:ty, $(($arg:ident, $s:ident, $l:ident, $i:tt)),+) => {
+        impl $op for Attach {
+            fn name(&self) -> &'static str {
+                self.node.name
+            }
+            fn cpu_fwd(
+                &self,
+                $($s: &CpuStorage, $l: &Layout),+
+            ) -> candle_core::Result<(CpuStorage, Shape)> {
+                self.cpu()
+            }
+            fn cuda_fwd(
+                &self,
+                $($s: &CudaStorage, $l: &Layout),+
+            ) -> candle_core::Result<(CudaStorage, Shape)> {
+                self.cuda()
+            }
+            fn metal_fwd(
+                &self,
+                $($s: &MetalStorage, $l: &Layout),+
+            ) -> candle_core::Result<(MetalStorage, Shape)> {
+                no_metal()
+            }
+            #[allow(unused_parens, clippy::type_complexity)]
+            fn bwd(
+                &self,
+                $($arg: &Tensor,)+
+                res: &Tensor,
+                grad: &Tensor,
+            ) -> candle_core::Result<$grads> {
+                let mut g = self.node.backward(&[$($arg),+], res, grad)?;
+                Ok(($(self.grad($i, &mut g)),+))
+            }
+        }
+    };
 }
 
-impl CustomOp2 for Attach {
-    fn name(&self) -> &'static str {
-        self.node.name
-    }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu()
-    }
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.cuda()
-    }
-    fn metal_fwd(
-        &self,
-        _: &MetalStorage,
-        _: &Layout,
-        _: &MetalStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        no_metal()
-    }
-    fn bwd(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut g = self.node.backward(&[a, b], res, grad)?;
-        Ok((self.grad(0, &mut g), self.grad(1, &mut g)))
-    }
-}
-
-impl CustomOp3 for Attach {
-    fn name(&self) -> &'static str {
-        self.node.name
-    }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu()
-    }
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.cuda()
-    }
-    fn metal_fwd(
-        &self,
-        _: &MetalStorage,
-        _: &Layout,
-        _: &MetalStorage,
-        _: &Layout,
-        _: &MetalStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        no_metal()
-    }
-    #[allow(clippy::type_complexity)]
-    fn bwd(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        c: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut g = self.node.backward(&[a, b, c], res, grad)?;
-        Ok((
-            self.grad(0, &mut g),
-            self.grad(1, &mut g),
-            self.grad(2, &mut g),
-        ))
-    }
-}
+attach_op!(CustomOp1 -> Option<Tensor>, (a, _s0, _l0, 0));
+attach_op!(
+    CustomOp2 -> (Option<Tensor>, Option<Tensor>),
+    (a, _s0, _l0, 0),
+    (b, _s1, _l1, 1)
+);
+attach_op!(
+    CustomOp3 -> (Option<Tensor>, Option<Tensor>, Option<Tensor>),
+    (a, _s0, _l0, 0),
+    (b, _s1, _l1, 1),
+    (c, _s2, _l2, 2)
+);
 
 /// Attach `storage` (of `shape`) as the output of a graph node over `args`.
 fn attach(
@@ -541,7 +475,7 @@ fn escape_typed(t: &RTensor) -> Result<Tensor> {
         inputs: Vec::new(),
         output: OnceLock::new(),
         needs_output: false,
-        vjp: Arc::new(|_, _, g| Ok(vec![Some(g.clone())])),
+        vjp: identity_vjp(),
     });
     attach(&[t.attached()], storage, shape, node)
 }

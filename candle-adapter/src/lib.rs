@@ -20,6 +20,21 @@
 //!                         of capacity = budget (CPU placement model)
 //! ```
 //!
+//! ## Module layout
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | [`context`] | [`Remat`]: the context owning one DTR runtime and handing out tensors; [`RematConfig`], [`Budget`], [`CostModel`] |
+//! | [`tensor`] | [`RTensor`]: candle's `Tensor` surface (views, reductions, matmul, constructors, composites); `tensor/`: `unary`, `binary` (and the operators), `conv`, `indexing`, `compare`; [`Pinned`], [`dropout_mask`] |
+//! | [`index`] | `.i(..)`: [`IndexOp`], [`Indexer`] |
+//! | [`nn`] | candle-nn's layers, `VarBuilder`, `Optimizer`, `ops`, `loss`, `rotary_emb`, `with_tracing`; `nn/` splits them by idea (its doc has the map), one generic [`nn::Conv`] for every convolution layer |
+//! | [`transformers`] | candle-transformers' shared helpers (`utils`, `models::with_tracing`) |
+//! | `graph` (private) | the evict/restore mechanism: one adapter op (`apply`), the `Attach` custom op at every arity, the recompute handle, the backward hook |
+//! | [`cell`] | [`Cell`]: moving a storage out of and back into candle's shared storage cell |
+//! | [`device`] | the real device: device OOM recognition, evict-and-retry, [`DeviceMemory`] (CUDA driver pool) |
+//! | [`error`] | [`Error`], [`Result`] (candle's), [`CandleErrorExt`] |
+//! | [`as_candle`] | candle-core's names with [`RTensor`] as `Tensor`, for ported model files |
+//!
 //! ## Using it
 //!
 //! ```
