@@ -217,6 +217,22 @@ fn sweeps_replay_each_cell_as_iterations() {
         assert_eq!(r["iterations"].as_array().map(Vec::len), Some(1), "{r}");
         assert_eq!(r["iterations"][0]["planned"], false, "{r}");
     }
+    // The charts: well-formed SVG documents that draw the policy and the run.
+    let chart = std::fs::read_to_string(out.join("chain-logical.svg")).expect("chart");
+    assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
+    for text in ["overhead vs budget", "budget / unbounded peak", "remat"] {
+        assert!(chart.contains(text), "the chart says {text:?}");
+    }
+    assert!(chart.contains("<circle"), "the finished cells are drawn");
+    let timeline = std::fs::read_to_string(out.join("timeline.svg")).expect("timeline");
+    assert!(timeline.starts_with("<svg") && timeline.trim_end().ends_with("</svg>"));
+    for text in ["memory over compute time", "live", "reserved", "budget"] {
+        assert!(timeline.contains(text), "the timeline says {text:?}");
+    }
+    assert!(
+        timeline.contains("<polyline"),
+        "the timeline draws its series"
+    );
 }
 
 #[test]

@@ -150,6 +150,8 @@ pub fn timeline_chart(r: &ReplayReport) -> ChartResult<String> {
             .configure_mesh()
             .x_desc("compute clock (ms)")
             .y_desc("MB")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
             .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
             .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
             .draw()?;
@@ -187,7 +189,7 @@ pub fn timeline_chart(r: &ReplayReport) -> ChartResult<String> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(0xbb, 0xbb, 0xbb))
             .draw()?;
