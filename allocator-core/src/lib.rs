@@ -70,10 +70,8 @@ pub mod size;
 pub mod snapshot;
 pub mod stats;
 
-mod block;
 #[cfg(feature = "serde")]
 mod pickle;
-mod pool;
 mod summary;
 mod sync;
 

@@ -5,9 +5,11 @@
 //! whose methods take `&mut self` plus the device, so the rules read like the
 //! spec; this file owns locking, handle validation and the malloc steps.
 
+mod block;
 mod expandable;
 #[cfg(any(test, feature = "invariant-checks"))]
 mod invariants;
+mod pool;
 #[cfg(test)]
 mod reference;
 mod release;
@@ -16,7 +18,6 @@ mod state;
 mod tests;
 mod views;
 
-use crate::block::BlockId;
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DevicePtr, StreamId};
 use crate::error::{Error, OutOfMemoryError};
@@ -24,6 +25,7 @@ use crate::snapshot::{BlockState, HistoryConfig, Snapshot};
 use crate::stats::DeviceStats;
 use crate::sync::{lock, next_instance_id, Arc, Mutex, MutexGuard};
 use crate::Result;
+use block::BlockId;
 use state::{Found, Request, State};
 use std::cell::OnceCell;
 use std::num::NonZeroU64;
