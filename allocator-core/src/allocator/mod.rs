@@ -10,8 +10,6 @@ mod expandable;
 #[cfg(any(test, feature = "invariant-checks"))]
 mod invariants;
 mod pool;
-#[cfg(test)]
-mod reference;
 mod release;
 mod state;
 #[cfg(test)]
