@@ -24,13 +24,17 @@
 //! | module | what it owns |
 //! |---|---|
 //! | [`device`] | the [`Device`] trait (segments, memory info, streams/events, optional virtual memory) and the simulated, host and CUDA (`cuda` feature) devices |
-//! | [`config`] | [`AllocatorConfig`]: `PYTORCH_CUDA_ALLOC_CONF` syntax, parsed once from `REMAT_ALLOC_CONF` / `PYTORCH_CUDA_ALLOC_CONF` |
+//! | [`config`] | [`AllocatorConfig`]: `PYTORCH_CUDA_ALLOC_CONF` syntax, parsed once from `REMAT_ALLOC_CONF` / `PYTORCH_CUDA_ALLOC_CONF`; `config/` holds the struct and builders (`mod.rs`), [`ConfigError`] (`error.rs`), the tokenizer and grammar (`parse.rs`), value checks (`values.rs`), applying a string (`apply.rs`) and writing one back (`display.rs`) |
 //! | [`size`] | constants and size arithmetic (`round_size`, segment sizes, `format_size`) |
-//! | `block`, `pool` (private) | the block arena (ids, not pointers, for prev/next) and the best-fit pools: PyTorch's exact choice (smallest block ≥ the request on its stream, lowest address among equals) from segregated size bins |
-//! | [`allocator`] | [`CachingAllocator`]: malloc / free / record_stream / empty_cache / expandable segments / memory fraction |
+//! | [`allocator`] | [`CachingAllocator`]: malloc / free / record_stream / empty_cache / expandable segments / memory fraction, and [`AllocatorBatch`] / [`AllocatorView`]; one hot-path malloc serves both the locked API and the batch |
+//! | `allocator::{block, pool}` (private) | the block arena (ids, not pointers, for prev/next) and the best-fit pools: PyTorch's exact choice (smallest block ≥ the request on its stream, lowest address among equals) from segregated size bins |
+//! | `allocator::{state, release, expandable, views, invariants}` (private) | `State`, the bookkeeping every rule acts on; giving memory back (cached segments, garbage collection, memory fraction, the OOM error); expandable segments; the snapshot and block list; the invariant scan (tests, `invariant-checks` feature) |
+//! | `allocator::tests` (tests only) | the ported PyTorch tests, rule and model tests, and `reference/`: the pre-rewrite allocator the differential test compares against |
 //! | [`stats`] | [`DeviceStats`] with PyTorch's key names |
 //! | [`snapshot`] | [`Snapshot`] of segments and blocks, alloc/free trace, JSON and pickle export (`serde` feature) |
 //! | [`plan`] | static planning of repeated allocation sequences |
+//! | `error` (private, re-exported) | [`Error`] and [`OutOfMemoryError`] |
+//! | `summary`, `pickle` (private) | `memory_summary`'s table; the pickle writer (`serde` feature) |
 //! | `sync` (private) | the std/loom switch: the only place that names a mutex |
 //!
 //! ## Public API in one glance
@@ -70,10 +74,8 @@ pub mod size;
 pub mod snapshot;
 pub mod stats;
 
-mod block;
 #[cfg(feature = "serde")]
 mod pickle;
-mod pool;
 mod summary;
 mod sync;
 

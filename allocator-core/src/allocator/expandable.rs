@@ -7,8 +7,8 @@
 //! with `mapped == false` kept in the pool's `unmapped` set. Unmapped blocks
 //! always start and end on page boundaries.
 
+use super::block::{Block, BlockId, PoolKind};
 use super::state::{Request, State};
-use crate::block::{Block, BlockId, PoolKind};
 use crate::device::{Device, DeviceError, DevicePtr, StreamId};
 use crate::error::Error;
 use crate::size::SMALL_BUFFER;

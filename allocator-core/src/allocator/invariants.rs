@@ -2,8 +2,8 @@
 //! tests after every operation, compiled under `cfg(test)` or the
 //! `invariant-checks` feature.
 
+use super::block::BlockId;
 use super::state::State;
-use crate::block::BlockId;
 use crate::size::MIN_BLOCK_SIZE;
 use crate::stats::{DeviceStats, StatArray};
 use std::collections::BTreeMap;

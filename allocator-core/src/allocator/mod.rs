@@ -5,18 +5,17 @@
 //! whose methods take `&mut self` plus the device, so the rules read like the
 //! spec; this file owns locking, handle validation and the malloc steps.
 
+mod block;
 mod expandable;
 #[cfg(any(test, feature = "invariant-checks"))]
 mod invariants;
-#[cfg(test)]
-mod reference;
+mod pool;
 mod release;
 mod state;
 #[cfg(test)]
 mod tests;
 mod views;
 
-use crate::block::BlockId;
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DevicePtr, StreamId};
 use crate::error::{Error, OutOfMemoryError};
@@ -24,6 +23,7 @@ use crate::snapshot::{BlockState, HistoryConfig, Snapshot};
 use crate::stats::DeviceStats;
 use crate::sync::{lock, next_instance_id, Arc, Mutex, MutexGuard};
 use crate::Result;
+use block::BlockId;
 use state::{Found, Request, State};
 use std::cell::OnceCell;
 use std::num::NonZeroU64;
@@ -140,6 +140,17 @@ struct Guards<'a, D> {
     dev: MutexGuard<'a, D>,
 }
 
+/// Outcome of `malloc`'s hot path ([`CachingAllocator::malloc_hot`]).
+enum Hot {
+    /// A cached block served the request.
+    Hit(Allocation),
+    /// The lookup missed: the slow path follows, for this request.
+    Miss(Request),
+    /// A zero or too-large size, or stream events pending: the general first
+    /// step ([`CachingAllocator::malloc_cached`]) decides.
+    General,
+}
+
 /// Outcome of `malloc`'s first step: finished (hit or error) with the state
 /// lock still held, or a miss with both locks held for the slow path.
 enum Cached<'a, D> {
@@ -195,18 +206,35 @@ impl<D: Device> CachingAllocator<D> {
     /// block and retry; else [`Error::OutOfMemory`].
     pub fn malloc(&self, size: usize, stream: StreamId) -> Result<Allocation> {
         let mut st = lock(&self.state);
-        if plain_request(&st, size) {
-            // The hot path, written out: `malloc_cached` without the moves.
-            let req = st.request(size, stream);
-            if let Some(b) = st.get_free_block(&req) {
-                return Ok(self.found_inline(&mut st, b, &req));
+        match self.malloc_hot(&mut st, size, stream) {
+            Hot::Hit(a) => Ok(a),
+            Hot::Miss(req) => {
+                let dev = lock(&self.device);
+                self.malloc_miss(Guards { st, dev }, &req)
             }
-            let dev = lock(&self.device);
-            return self.malloc_miss(Guards { st, dev }, &req);
+            Hot::General => match self.malloc_cached(st, size, stream) {
+                Cached::Done(_, r) => r,
+                Cached::Miss(g, req) => self.malloc_miss(g, &req),
+            },
         }
-        match self.malloc_cached(st, size, stream) {
-            Cached::Done(_, r) => r,
-            Cached::Miss(g, req) => self.malloc_miss(g, &req),
+    }
+
+    /// The hot path of `malloc`, shared by [`CachingAllocator::malloc`] and
+    /// [`AllocatorBatch::malloc`] under the state lock: for a valid size with no
+    /// stream events pending, the rounding and the best-fit lookup, and on a hit
+    /// the block taken. Anything else is left to the caller, which owns the
+    /// locking: the slow path after a miss ([`Self::malloc_miss`]) or the general
+    /// first step ([`Self::malloc_cached`]). Always inlined, so that each caller
+    /// compiles to the hand-written hot path it replaced.
+    #[inline(always)]
+    fn malloc_hot(&self, st: &mut State, size: usize, stream: StreamId) -> Hot {
+        if !plain_request(st, size) {
+            return Hot::General;
+        }
+        let req = st.request(size, stream);
+        match st.get_free_block(&req) {
+            Some(b) => Hot::Hit(self.found_inline(st, b, &req)),
+            None => Hot::Miss(req),
         }
     }
 
@@ -310,9 +338,10 @@ impl<D: Device> CachingAllocator<D> {
         self.found_inline(st, b, req)
     }
 
-    /// [`Self::found`], always inlined: only the locked `malloc`'s hit calls it
-    /// (the batch's `malloc` inlines `found` on its own; forcing that on every
-    /// caller made the batch and the split loops slower).
+    /// [`Self::found`], always inlined: only the hit of the shared hot path
+    /// ([`Self::malloc_hot`]) calls it. `found`, for the general and slow
+    /// paths, is left to the compiler (forcing it inline on every caller made the
+    /// split loops slower).
     #[inline(always)]
     fn found_inline(&self, st: &mut State, b: Found, req: &Request) -> Allocation {
         let split = st.should_split(b.id, req.size);
@@ -659,15 +688,11 @@ impl<'a, D: Device> AllocatorBatch<'a, D> {
     #[inline]
     pub fn malloc(&mut self, size: usize, stream: StreamId) -> Result<Allocation> {
         let alloc = self.alloc;
-        let st = self.state();
-        if plain_request(st, size) {
-            let req = st.request(size, stream);
-            if let Some(b) = st.get_free_block(&req) {
-                return Ok(alloc.found(st, b, &req));
-            }
-            return self.miss(&req);
+        match alloc.malloc_hot(self.state(), size, stream) {
+            Hot::Hit(a) => Ok(a),
+            Hot::Miss(req) => self.miss(&req),
+            Hot::General => self.malloc_general(size, stream),
         }
-        self.malloc_general(size, stream)
     }
 
     /// A miss after the lookup: the slow path with the lock released where

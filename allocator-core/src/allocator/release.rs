@@ -2,8 +2,8 @@
 //! cached segments (spec §3.5, §3.6, §4.3), garbage collection, the memory
 //! fraction (§5.3) and the out-of-memory error (§3.9). Cold paths of `State`.
 
+use super::block::{Block, BlockId, PoolKind};
 use super::state::{Request, State};
-use crate::block::{Block, BlockId, PoolKind};
 use crate::device::Device;
 use crate::error::{Error, OutOfMemoryError};
 use crate::snapshot::TraceAction;

@@ -6,13 +6,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::num::NonZeroU64;
 use std::time::{Instant, SystemTime};
 
+use super::block::{Block, BlockArena, BlockId, PoolKind};
 use super::expandable::ExpandableSegment;
+use super::pool::{bin_of, BlockPool, Slot};
 use super::AdjacentFree;
-use crate::block::{Block, BlockArena, BlockId, PoolKind};
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DeviceError, DevicePtr, EventId, StreamId};
 use crate::error::Error;
-use crate::pool::{bin_of, BlockPool, Slot};
 use crate::size::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
 use crate::snapshot::{HistoryConfig, TraceAction, TraceEntry};
 use crate::stats::Counters;

@@ -1,9 +1,9 @@
 //! Views of `State`: the memory snapshot (which records its own trace entry)
 //! and the block list.
 
+use super::block::{Block, BlockId};
 use super::state::State;
 use super::BlockInfo;
-use crate::block::{Block, BlockId};
 use crate::device::{DevicePtr, StreamId};
 use crate::snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot, TraceAction};
 

@@ -1,5 +1,5 @@
 //! Differential test (issue 14): the allocator against the pre-rewrite
-//! implementation kept verbatim in `allocator::reference`, driven with the same
+//! implementation kept verbatim in `allocator::tests::reference`, driven with the same
 //! generated operations (on the new allocator partly through
 //! [`crate::AllocatorBatch`], on the reference always through its public methods). Every result (addresses, sizes, errors with their
 //! messages, adjacent-free figures), the full statistics after every operation,
@@ -13,8 +13,8 @@
 //! cargo test -p remat-alloc --release --lib differential_full -- --ignored --nocapture
 //! ```
 
+use super::reference as old;
 use super::MB;
-use crate::allocator::reference as old;
 use crate::device::SimOp;
 use crate::snapshot::{HistoryConfig, Snapshot, TraceAction};
 use crate::{

@@ -1,6 +1,7 @@
 //! Tests of the caching allocator on the simulated device: the PyTorch tests
 //! listed as portable in the spec (§7.5), each named after the test it ports,
-//! core-behaviour tests of the rules, and a model-based property test.
+//! core-behaviour tests of the rules, a model-based property test, and the
+//! differential test against the pre-rewrite allocator kept in `reference/`.
 
 mod batch;
 mod differential;
@@ -8,6 +9,7 @@ mod differential;
 mod export;
 mod model;
 mod pytorch;
+mod reference;
 mod rules;
 
 use crate::{AllocatorConfig, CachingAllocator, SimulatedDevice};

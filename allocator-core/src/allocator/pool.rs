@@ -30,7 +30,7 @@
 //! never allocates at all. `unmapped` holds the unmapped blocks of expandable
 //! segments in address order (cold paths only).
 
-use crate::block::BlockId;
+use super::block::BlockId;
 use crate::device::{DevicePtr, StreamId};
 use std::collections::BTreeMap;
 
