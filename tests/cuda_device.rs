@@ -196,3 +196,123 @@ fn caching_allocator_expandable_segments() {
     alloc.empty_cache().unwrap();
     assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
 }
+
+/// The driver's free bytes, read through the allocator's device.
+fn driver_free<D: Device>(alloc: &CachingAllocator<D>) -> usize {
+    alloc.with_device(|d| d.mem_info()).unwrap().free
+}
+
+/// Slack for the driver's own bookkeeping between two `cuMemGetInfo` reads.
+const SLACK: usize = 2 << 20;
+
+#[test]
+fn split_and_merge_reuse_the_cached_segment() {
+    let Some(dev) = device_or_skip("split_and_merge_reuse_the_cached_segment") else {
+        return;
+    };
+    let alloc = CachingAllocator::new(dev, AllocatorConfig::default()).unwrap();
+    let free0 = driver_free(&alloc);
+    let whole = alloc.malloc(12 << 20, StreamId::DEFAULT).unwrap();
+    let base = whole.ptr();
+    let free1 = driver_free(&alloc);
+    assert!(
+        free1 + (12 << 20) <= free0 + SLACK,
+        "cuMemAlloc of 12 MiB: {free0} -> {free1}"
+    );
+    alloc.free(whole).unwrap();
+    // Cached, not returned: the driver still counts the segment.
+    assert!(driver_free(&alloc) + (12 << 20) <= free0 + SLACK);
+
+    // Two blocks split from the cached segment, back to back; no new segment.
+    let a = alloc.malloc(4 << 20, StreamId::DEFAULT).unwrap();
+    let b = alloc.malloc(6 << 20, StreamId::DEFAULT).unwrap();
+    assert_eq!(a.ptr(), base);
+    assert_eq!(b.ptr(), base + (4 << 20));
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 12 << 20);
+    assert!(driver_free(&alloc).abs_diff(free1) <= SLACK);
+
+    // Freed, they merge back into one 12 MiB block.
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    let again = alloc.malloc(12 << 20, StreamId::DEFAULT).unwrap();
+    assert_eq!(again.ptr(), base);
+    alloc.free(again).unwrap();
+    println!("split/merge: driver free {free0} -> {free1} B after one 12 MiB segment");
+}
+
+#[test]
+fn empty_cache_returns_memory_to_the_driver() {
+    let Some(dev) = device_or_skip("empty_cache_returns_memory_to_the_driver") else {
+        return;
+    };
+    let alloc = CachingAllocator::new(dev, AllocatorConfig::default()).unwrap();
+    let bytes = 256 << 20;
+    let free0 = driver_free(&alloc);
+    let x = alloc.malloc(bytes, StreamId::DEFAULT).unwrap();
+    alloc.free(x).unwrap();
+    let cached = driver_free(&alloc);
+    assert!(cached + bytes <= free0 + SLACK, "{free0} -> {cached}");
+    alloc.empty_cache().unwrap();
+    let after = driver_free(&alloc);
+    assert!(after + SLACK >= free0, "{free0} -> {cached} -> {after}");
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    println!("empty_cache: driver free {free0} -> {cached} (cached) -> {after} B");
+}
+
+#[test]
+fn out_of_memory_message_has_the_real_figures() {
+    let Some(dev) = device_or_skip("out_of_memory_message_has_the_real_figures") else {
+        return;
+    };
+    let alloc = CachingAllocator::new(dev, AllocatorConfig::default()).unwrap();
+    let total = alloc.with_device(|d| d.mem_info()).unwrap().total;
+    let held = alloc.malloc(20 << 20, StreamId::DEFAULT).unwrap();
+    let err = alloc
+        .malloc(total.saturating_mul(2), StreamId::DEFAULT)
+        .unwrap_err();
+    let remat_alloc::Error::OutOfMemory(oom) = &err else {
+        panic!("expected an out-of-memory error, got {err:?}");
+    };
+    assert_eq!(oom.device_kind, "CUDA");
+    assert_eq!(oom.total_capacity, total);
+    assert!(oom.device_free <= total && oom.device_free > 0);
+    assert_eq!(oom.allocated, 20 << 20);
+    assert!(oom.reserved >= oom.allocated);
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("CUDA out of memory. Tried to allocate")
+            && msg.contains("GPU 0 has a total capacity of"),
+        "{msg}"
+    );
+    println!("oom message: {msg}");
+    // Still usable afterwards.
+    alloc.free(held).unwrap();
+    let x = alloc.malloc(1 << 20, StreamId::DEFAULT).unwrap();
+    alloc.free(x).unwrap();
+}
+
+#[test]
+fn record_stream_with_real_streams_and_events() {
+    let Some(dev) = device_or_skip("record_stream_with_real_streams_and_events") else {
+        return;
+    };
+    let alloc = CachingAllocator::new(dev, AllocatorConfig::default()).unwrap();
+    let side = StreamId(3);
+    let x = alloc.malloc(8 << 20, StreamId::DEFAULT).unwrap();
+    let ptr = x.ptr();
+    let reserved = alloc.stats().reserved_bytes.all.current;
+    alloc.record_stream(&x, side).unwrap();
+    // The free records a real event on the side stream; the block comes back
+    // to the pool once the driver reports it complete.
+    alloc.free(x).unwrap();
+    alloc.with_device(|d| d.synchronize()).unwrap();
+    let y = alloc.malloc(8 << 20, StreamId::DEFAULT).unwrap();
+    assert_eq!(
+        y.ptr(),
+        ptr,
+        "the block is reused once the side stream's event completed"
+    );
+    assert_eq!(alloc.stats().reserved_bytes.all.current, reserved);
+    alloc.free(y).unwrap();
+    alloc.empty_cache().unwrap();
+}

@@ -1,0 +1,355 @@
+//! The DTR-paper traces' storage lifetimes replayed through remat-alloc on the
+//! real driver (`CudaDevice`) and on `SimulatedDevice`, for the GPU check kit
+//! (`scripts/gpu-check`, issue 35). Feature `cuda`.
+//!
+//! ```text
+//! cargo run --release -p remat-alloc --features cuda --example cuda_replay -- probe
+//! cargo run --release -p remat-alloc --features cuda --example cuda_replay -- \
+//!     [--json FILE] TRACE...
+//! ```
+//!
+//! - `probe`: opens GPU 0 the way every CUDA test does (`CudaDevice::new(0)`);
+//!   prints `device: …` and exits 0, or `no CUDA device: <why>` and exits 2.
+//! - `TRACE...`: each trace's storage lifetimes (default caching allocator
+//!   config, one stream) are replayed on both devices. The allocator's
+//!   decisions must be the same: the sequence of device calls (segment sizes
+//!   allocated and freed), each allocation's block size, and the reserved bytes
+//!   after every event; with the segments numbered in order of creation, each
+//!   block's (segment, offset) is compared too (a difference there is reported,
+//!   not fatal: best fit breaks ties between equal-sized free blocks by
+//!   address, and the driver's addresses need not ascend as the simulator's
+//!   do). It reports the time of a malloc that took a `cuMemAlloc` against one
+//!   served from the cache. Traces whose simulated peak does not fit in 90 %
+//!   of the GPU's free memory are skipped (said so). Exit code 1 when the
+//!   decisions differ, 0 otherwise; without a device it prints
+//!   `no CUDA device: skipped (<why>)` and exits 0.
+
+use remat_alloc::{
+    AllocatorConfig, CachingAllocator, CudaDevice, Device, DeviceError, DevicePtr, EventId,
+    MemInfo, SimulatedDevice, StreamId,
+};
+use remat_trace::{storage_events, StorageEvent, Trace};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+const S: StreamId = StreamId::DEFAULT;
+
+/// One call the allocator made to its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Allocate(usize),
+    Free(usize),
+}
+
+/// A device that forwards to `inner` and logs the segment calls, with the
+/// pointers (which differ between devices and are kept apart).
+struct Recorder<D> {
+    inner: D,
+    log: Arc<Mutex<Log>>,
+}
+
+#[derive(Default)]
+struct Log {
+    calls: Vec<Call>,
+    /// Live segments: base -> (ordinal of creation, bytes).
+    segments: BTreeMap<DevicePtr, (usize, usize)>,
+    created: usize,
+}
+
+impl Log {
+    /// `ptr` as (segment ordinal, offset).
+    fn locate(&self, ptr: DevicePtr) -> Option<(usize, u64)> {
+        let (&base, &(ordinal, bytes)) = self.segments.range(..=ptr).next_back()?;
+        (ptr < base + bytes as u64).then_some((ordinal, ptr - base))
+    }
+}
+
+impl<D: Device> Device for Recorder<D> {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn allocate(&mut self, bytes: usize) -> Result<DevicePtr, DeviceError> {
+        let ptr = self.inner.allocate(bytes)?;
+        let mut log = self.log.lock().unwrap();
+        log.calls.push(Call::Allocate(bytes));
+        let ordinal = log.created;
+        log.created += 1;
+        log.segments.insert(ptr, (ordinal, bytes));
+        Ok(ptr)
+    }
+    fn free(&mut self, ptr: DevicePtr, bytes: usize) -> Result<(), DeviceError> {
+        self.inner.free(ptr, bytes)?;
+        let mut log = self.log.lock().unwrap();
+        log.calls.push(Call::Free(bytes));
+        log.segments.remove(&ptr);
+        Ok(())
+    }
+    fn mem_info(&mut self) -> Result<MemInfo, DeviceError> {
+        self.inner.mem_info()
+    }
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        self.inner.record_event(stream)
+    }
+    fn query_event(&mut self, event: EventId) -> Result<bool, DeviceError> {
+        self.inner.query_event(event)
+    }
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), DeviceError> {
+        self.inner.synchronize_event(event)
+    }
+    fn destroy_event(&mut self, event: EventId) {
+        self.inner.destroy_event(event)
+    }
+}
+
+/// What one replay decided, and how long its mallocs took.
+#[derive(Default)]
+struct Outcome {
+    calls: Vec<Call>,
+    /// Per malloc: block size, (segment ordinal, offset).
+    blocks: Vec<(usize, Option<(usize, u64)>)>,
+    /// Reserved bytes after every event.
+    reserved: Vec<i64>,
+    peak_reserved: i64,
+    /// Nanoseconds of the mallocs that allocated a segment / hit the cache.
+    segment_ns: Vec<u64>,
+    cached_ns: Vec<u64>,
+    total_s: f64,
+}
+
+fn replay<D: Device>(
+    device: D,
+    events: &[StorageEvent],
+    storages: usize,
+) -> Result<Outcome, String> {
+    let log = Arc::new(Mutex::new(Log::default()));
+    let dev = Recorder {
+        inner: device,
+        log: Arc::clone(&log),
+    };
+    let err = |e: remat_alloc::Error| e.to_string();
+    let a = CachingAllocator::new(dev, AllocatorConfig::default()).map_err(err)?;
+    let mut live = vec![None; storages];
+    let mut out = Outcome::default();
+    let start = Instant::now();
+    for e in events {
+        match *e {
+            StorageEvent::Alloc { storage, bytes, .. } if bytes > 0 => {
+                let before = log.lock().unwrap().calls.len();
+                let t = Instant::now();
+                let x = a.malloc(bytes as usize, S).map_err(err)?;
+                let ns = t.elapsed().as_nanos() as u64;
+                let log = log.lock().unwrap();
+                if log.calls.len() > before {
+                    out.segment_ns.push(ns);
+                } else {
+                    out.cached_ns.push(ns);
+                }
+                out.blocks.push((x.size(), log.locate(x.ptr())));
+                live[storage] = Some(x);
+            }
+            StorageEvent::Free { storage, .. } => {
+                if let Some(x) = live[storage].take() {
+                    a.free(x).map_err(err)?;
+                }
+            }
+            _ => continue,
+        }
+        out.reserved.push(a.stats().reserved_bytes.all.current);
+    }
+    for x in live.into_iter().flatten() {
+        a.free(x).map_err(err)?;
+    }
+    a.empty_cache().map_err(err)?;
+    out.total_s = start.elapsed().as_secs_f64();
+    out.peak_reserved = a.stats().reserved_bytes.all.peak;
+    let reserved_after = a.stats().reserved_bytes.all.current;
+    if reserved_after != 0 {
+        return Err(format!(
+            "{reserved_after} B still reserved after empty_cache"
+        ));
+    }
+    out.calls = std::mem::take(&mut log.lock().unwrap().calls);
+    Ok(out)
+}
+
+/// (median, mean) in microseconds.
+fn summary(ns: &[u64]) -> (f64, f64) {
+    if ns.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mut v = ns.to_vec();
+    v.sort_unstable();
+    let mean = v.iter().sum::<u64>() as f64 / v.len() as f64;
+    (v[v.len() / 2] as f64 / 1e3, mean / 1e3)
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Replays one trace on both devices; a JSON object for the report.
+fn check(path: &str, failed: &mut bool) -> Result<String, String> {
+    let name = std::path::Path::new(path)
+        .file_name()
+        .map_or(path.into(), |n| n.to_string_lossy().into_owned());
+    let trace = Trace::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
+    let events = storage_events(&trace).map_err(|e| e.to_string())?;
+    let storages = events
+        .iter()
+        .filter(|e| matches!(e, StorageEvent::Alloc { .. }))
+        .count();
+    let sim = replay(SimulatedDevice::new(1 << 50), &events, storages)?;
+
+    let mut probe = CudaDevice::new(0).map_err(|e| e.to_string())?;
+    let free = probe.mem_info().map_err(|e| e.to_string())?.free;
+    drop(probe);
+    if sim.peak_reserved as f64 > 0.9 * free as f64 {
+        println!(
+            "{name}: skipped, simulated peak {} MiB > 90 % of the GPU's {} MiB free",
+            sim.peak_reserved >> 20,
+            free >> 20
+        );
+        return Ok(format!(
+            "{{\"trace\":{},\"skipped\":\"simulated peak {} B over 90 % of {} B free\"}}",
+            json_str(&name),
+            sim.peak_reserved,
+            free
+        ));
+    }
+    let dev = CudaDevice::new(0).map_err(|e| e.to_string())?;
+    let real = replay(dev, &events, storages)?;
+
+    let same_calls = sim.calls == real.calls;
+    let same_sizes = sim.blocks.len() == real.blocks.len()
+        && sim.blocks.iter().zip(&real.blocks).all(|(s, r)| s.0 == r.0);
+    let same_reserved = sim.reserved == real.reserved;
+    let placement_diffs = sim
+        .blocks
+        .iter()
+        .zip(&real.blocks)
+        .filter(|(s, r)| s.1 != r.1)
+        .count();
+    let same = same_calls && same_sizes && same_reserved;
+    *failed |= !same;
+    let (seg_med, seg_mean) = summary(&real.segment_ns);
+    let (hit_med, hit_mean) = summary(&real.cached_ns);
+    let (sim_hit_med, _) = summary(&sim.cached_ns);
+    println!(
+        "{name}: {} mallocs, {} segments, peak reserved {} MiB; same device calls: {same_calls}, \
+         same block sizes: {same_sizes}, same reserved bytes: {same_reserved}, placements that \
+         differ: {placement_diffs}",
+        real.blocks.len(),
+        real.segment_ns.len(),
+        real.peak_reserved >> 20,
+    );
+    println!(
+        "{name}: malloc with cuMemAlloc median {seg_med:.1} us (mean {seg_mean:.1}), cached hit \
+         median {hit_med:.2} us (mean {hit_mean:.2}; simulated {sim_hit_med:.2}); replay {:.3} s \
+         real, {:.3} s simulated",
+        real.total_s, sim.total_s
+    );
+    if !same_calls {
+        let first = sim.calls.iter().zip(&real.calls).position(|(s, r)| s != r);
+        println!(
+            "{name}: device calls differ (simulated {}, real {}), first at {first:?}",
+            sim.calls.len(),
+            real.calls.len()
+        );
+    }
+    Ok(format!(
+        "{{\"trace\":{},\"same\":{same},\"same_device_calls\":{same_calls},\
+         \"same_block_sizes\":{same_sizes},\"same_reserved\":{same_reserved},\
+         \"placement_diffs\":{placement_diffs},\"mallocs\":{},\"segment_mallocs\":{},\
+         \"peak_reserved\":{},\"segment_malloc_us_median\":{seg_med:.3},\
+         \"segment_malloc_us_mean\":{seg_mean:.3},\"cached_malloc_us_median\":{hit_med:.3},\
+         \"cached_malloc_us_mean\":{hit_mean:.3},\"simulated_cached_malloc_us_median\":{sim_hit_med:.3},\
+         \"replay_s\":{:.4},\"simulated_replay_s\":{:.4}}}",
+        json_str(&name),
+        real.blocks.len(),
+        real.segment_ns.len(),
+        real.peak_reserved,
+        real.total_s,
+        sim.total_s
+    ))
+}
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("probe") {
+        return match CudaDevice::new(0) {
+            Ok(mut dev) => {
+                let info = dev.mem_info().unwrap_or_default();
+                println!(
+                    "device: CUDA 0, {} MiB free of {} MiB, VMM granularity {:?}",
+                    info.free >> 20,
+                    info.total >> 20,
+                    dev.vmm_granularity()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("no CUDA device: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let mut json_path = None;
+    if let Some(i) = args.iter().position(|a| a == "--json") {
+        if i + 1 >= args.len() {
+            eprintln!("--json needs a file");
+            return ExitCode::FAILURE;
+        }
+        json_path = Some(args.remove(i + 1));
+        args.remove(i);
+    }
+    if args.is_empty() {
+        eprintln!("usage: cuda_replay probe | cuda_replay [--json FILE] TRACE...");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = CudaDevice::new(0) {
+        println!("no CUDA device: skipped ({e})");
+        return ExitCode::SUCCESS;
+    }
+    let mut failed = false;
+    let mut results = Vec::new();
+    for path in &args {
+        match check(path, &mut failed) {
+            Ok(j) => results.push(j),
+            Err(e) => {
+                println!("{path}: error: {e}");
+                failed = true;
+                results.push(format!(
+                    "{{\"trace\":{},\"error\":{}}}",
+                    json_str(path),
+                    json_str(&e)
+                ));
+            }
+        }
+    }
+    if let Some(p) = json_path {
+        let body = format!("[{}]\n", results.join(",\n"));
+        if let Err(e) = std::fs::write(&p, body) {
+            eprintln!("{p}: {e}");
+            failed = true;
+        }
+    }
+    if failed {
+        println!("decisions differ on the real device (or a replay failed)");
+        ExitCode::FAILURE
+    } else {
+        println!("same decisions on the real device and the simulator");
+        ExitCode::SUCCESS
+    }
+}
