@@ -153,7 +153,7 @@ pub use memory::{
 pub use op::{FnOp, OpHandle, OutputSpec};
 pub use plan::IterationPlan;
 pub use policy::{make_policy, DecisionView, EvictionPolicy, Request};
-pub use record::{Boundary, Event, Recording, Ref};
+pub use record::{Boundary, CarryRefusal, Event, Recording, Ref};
 pub use remat_alloc::AllocatorConfig;
 pub use runtime::Runtime;
-pub use stats::{IterationReport, PlanStatus, PlanSummary, RuntimeStats};
+pub use stats::{IterationReport, PlanStatus, PlanSummary, RuntimeStats, StartDiff};

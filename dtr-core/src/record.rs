@@ -324,6 +324,237 @@ impl Recording {
     }
 }
 
+/// Why a recording cannot be carried to a boundary
+/// ([`Recording::carried_to`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CarryRefusal {
+    /// The boundary names a different number of live tensors than were given
+    /// names.
+    NamesMismatch,
+    /// A tensor an op of the iteration made is still live at the boundary:
+    /// the next iteration would make it again, so its program differs.
+    OpOutputLive,
+    /// The iteration read a tensor of its own start that did not live to the
+    /// boundary: the next iteration cannot read it.
+    StartTensorGone,
+    /// A name the recording uses was never made (a malformed recording).
+    UnknownName,
+}
+
+impl CarryRefusal {
+    /// What the refusal means, for reports.
+    pub fn reason(self) -> &'static str {
+        match self {
+            CarryRefusal::NamesMismatch => {
+                "the boundary's live tensors and their names differ in number"
+            }
+            CarryRefusal::OpOutputLive => {
+                "an op's output made by the iteration is live at the boundary"
+            }
+            CarryRefusal::StartTensorGone => {
+                "the iteration read a tensor of its start that did not live to the boundary"
+            }
+            CarryRefusal::UnknownName => "the recording names a tensor it never made",
+        }
+    }
+}
+
+impl std::fmt::Display for CarryRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
+}
+
+impl Recording {
+    /// This recording as the next iteration would run it from `boundary`, the
+    /// state the recorded iteration ended in, when what differs between the
+    /// recording's start and `boundary` is only external data the iteration
+    /// itself put and left live (parameters and inputs a first step loads,
+    /// optimizer state it creates). The next iteration finds that data
+    /// already there: the carried recording drops the [`Event::Put`]s that
+    /// made it and names those tensors by their place in `boundary`, renumbers
+    /// the tensors and storages the iteration still makes, and starts from
+    /// `boundary`. Whether the next iteration really repeats it is checked call
+    /// by call as it runs, as for any plan.
+    ///
+    /// `names[j]` is the recorded iteration's name of the `j`-th live tensor of
+    /// `boundary` ([`Boundary::tensors`]' order).
+    ///
+    /// Refused ([`CarryRefusal`]) when a tensor an op made is live at the
+    /// boundary (the next iteration would make it again), or the iteration read
+    /// a tensor of its start that did not live to the boundary.
+    pub fn carried_to(
+        &self,
+        boundary: &Boundary,
+        names: &[Ref],
+    ) -> Result<Recording, CarryRefusal> {
+        use ahash::AHashMap;
+        if names.len() != boundary.tensors.len() {
+            return Err(CarryRefusal::NamesMismatch);
+        }
+        let live: AHashMap<Ref, u32> = names
+            .iter()
+            .enumerate()
+            .map(|(j, &r)| (r, j as u32))
+            .collect();
+        // Symbolic storages, to count the new versions a mutation makes (one
+        // per distinct mutated storage): start storages by position, the
+        // iteration's by creation.
+        let start_storages = self.start.storages.len() as u64;
+        let sym_of_prefix = |i: u32| -> u64 {
+            match self.start.tensors.get(i as usize) {
+                Some(&(Some(p), _)) => p as u64,
+                // A tensor whose storage was not resident: a storage of its own.
+                _ => u64::MAX / 2 + i as u64,
+            }
+        };
+        let mut sym_of_new: Vec<u64> = Vec::new();
+        let mut next_sym = start_storages;
+        // Old name of each tensor the iteration made → its carried name.
+        let mut new_names: Vec<Ref> = Vec::new();
+        let mut made = 0u32; // tensors the carried iteration makes
+        let mut seq_map: Vec<Option<u32>> = Vec::new(); // old seq → carried seq
+        let mut seqs = 0u32; // storages the carried iteration makes
+        let rename = |r: Ref, new_names: &[Ref]| -> Result<Ref, CarryRefusal> {
+            match r {
+                Ref::Prefix(_) => live
+                    .get(&r)
+                    .map(|&j| Ref::Prefix(j))
+                    .ok_or(CarryRefusal::StartTensorGone),
+                Ref::New(n) => new_names
+                    .get(n as usize)
+                    .copied()
+                    .ok_or(CarryRefusal::UnknownName),
+            }
+        };
+        let sym = |r: Ref, sym_of_new: &[u64]| -> Result<u64, CarryRefusal> {
+            match r {
+                Ref::Prefix(i) => Ok(sym_of_prefix(i)),
+                Ref::New(n) => sym_of_new
+                    .get(n as usize)
+                    .copied()
+                    .ok_or(CarryRefusal::UnknownName),
+            }
+        };
+        let mut events = Vec::with_capacity(self.events.len());
+        let mut reads = Vec::with_capacity(self.reads.len());
+        for (k, e) in self.events.iter().enumerate() {
+            let n = new_names.len() as u32;
+            let carried = match e {
+                Event::Put { .. } => {
+                    sym_of_new.push(next_sym);
+                    next_sym += 1;
+                    if let Some(&j) = live.get(&Ref::New(n)) {
+                        // Already there when the next iteration starts.
+                        new_names.push(Ref::Prefix(j));
+                        seq_map.push(None);
+                        None
+                    } else {
+                        new_names.push(Ref::New(made));
+                        made += 1;
+                        seq_map.push(Some(seqs));
+                        seqs += 1;
+                        Some(e.clone())
+                    }
+                }
+                Event::Apply {
+                    name,
+                    inputs,
+                    outputs,
+                    recomputable,
+                    cost_ns,
+                } => {
+                    let renamed = inputs
+                        .iter()
+                        .map(|&r| rename(r, &new_names))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    for (o, spec) in outputs.iter().enumerate() {
+                        if live.contains_key(&Ref::New(n + o as u32)) {
+                            return Err(CarryRefusal::OpOutputLive);
+                        }
+                        let s = match *spec {
+                            OutputSpec::Fresh { .. } => {
+                                seq_map.push(Some(seqs));
+                                seqs += 1;
+                                next_sym += 1;
+                                next_sym - 1
+                            }
+                            OutputSpec::View { input } => {
+                                let r = *inputs.get(input).ok_or(CarryRefusal::UnknownName)?;
+                                sym(r, &sym_of_new)?
+                            }
+                        };
+                        sym_of_new.push(s);
+                        new_names.push(Ref::New(made));
+                        made += 1;
+                    }
+                    Some(Event::Apply {
+                        name: name.clone(),
+                        inputs: renamed,
+                        outputs: outputs.clone(),
+                        recomputable: *recomputable,
+                        cost_ns: *cost_ns,
+                    })
+                }
+                Event::Mutate {
+                    name,
+                    inputs,
+                    mutated,
+                    recomputable,
+                    cost_ns,
+                } => {
+                    let mut distinct: Vec<u64> = Vec::new();
+                    for &m in mutated {
+                        let r = *inputs.get(m).ok_or(CarryRefusal::UnknownName)?;
+                        let s = sym(r, &sym_of_new)?;
+                        if !distinct.contains(&s) {
+                            distinct.push(s);
+                            seq_map.push(Some(seqs));
+                            seqs += 1;
+                        }
+                    }
+                    Some(Event::Mutate {
+                        name: name.clone(),
+                        inputs: inputs
+                            .iter()
+                            .map(|&r| rename(r, &new_names))
+                            .collect::<Result<Vec<_>, _>>()?,
+                        mutated: mutated.clone(),
+                        recomputable: *recomputable,
+                        cost_ns: *cost_ns,
+                    })
+                }
+                Event::Access(r) => Some(Event::Access(rename(*r, &new_names)?)),
+                Event::Pin(r) => Some(Event::Pin(rename(*r, &new_names)?)),
+                Event::Unpin(r) => Some(Event::Unpin(rename(*r, &new_names)?)),
+                Event::Retain(r) => Some(Event::Retain(rename(*r, &new_names)?)),
+                Event::Release(r) => Some(Event::Release(rename(*r, &new_names)?)),
+                Event::Evict(r) => Some(Event::Evict(rename(*r, &new_names)?)),
+                Event::MakeRoot(r) => Some(Event::MakeRoot(rename(*r, &new_names)?)),
+                Event::MakeRoots(rs) => Some(Event::MakeRoots(
+                    rs.iter()
+                        .map(|&r| rename(r, &new_names))
+                        .collect::<Result<Vec<_>, _>>()?,
+                )),
+            };
+            if let Some(c) = carried {
+                events.push(c);
+                let read = self.reads.get(k).map_or(&[][..], Vec::as_slice);
+                reads.push(
+                    read.iter()
+                        .filter_map(|&s| seq_map.get(s as usize).copied().flatten())
+                        .collect(),
+                );
+            }
+        }
+        Ok(Recording {
+            start: boundary.clone(),
+            events,
+            reads,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +581,159 @@ mod tests {
         assert!(!a.same_program(&Event::Access(Ref::New(1))));
         assert!(Event::Release(Ref::New(2)).same_program(&Event::Release(Ref::New(2))));
         assert!(!Event::Release(Ref::New(2)).same_program(&Event::Release(Ref::Prefix(2))));
+    }
+
+    fn apply(inputs: Vec<Ref>, outputs: Vec<OutputSpec>) -> Event {
+        Event::Apply {
+            name: "f".into(),
+            inputs,
+            outputs,
+            recomputable: true,
+            cost_ns: 10,
+        }
+    }
+
+    /// A first step: put a weight (New 0) and an input (New 1), compute
+    /// (New 2, a view of it New 3), update the weight in place, release the
+    /// input and the activations. The weight alone is live at the end.
+    fn first_step() -> Recording {
+        Recording {
+            start: Boundary::default(),
+            events: vec![
+                Event::Put { bytes: 64 },
+                Event::Put { bytes: 32 },
+                apply(
+                    vec![Ref::New(0), Ref::New(1)],
+                    vec![OutputSpec::fresh(16), OutputSpec::view(0)],
+                ),
+                Event::Mutate {
+                    name: "sgd".into(),
+                    inputs: vec![Ref::New(0), Ref::New(2), Ref::New(3)],
+                    mutated: vec![0],
+                    recomputable: false,
+                    cost_ns: 5,
+                },
+                Event::Release(Ref::New(1)),
+                Event::Release(Ref::New(2)),
+                Event::Release(Ref::New(3)),
+            ],
+            // Storages by seq: 0 weight, 1 input, 2 output, 3 weight's new version.
+            reads: vec![
+                vec![],
+                vec![],
+                vec![0, 1],
+                vec![0, 2],
+                vec![],
+                vec![],
+                vec![],
+            ],
+        }
+    }
+
+    #[test]
+    fn a_first_step_carries_to_its_end_without_what_it_put_and_kept() {
+        let rec = first_step();
+        let boundary = Boundary {
+            storages: vec![64],
+            tensors: vec![(Some(0), 1)],
+        };
+        let carried = rec.carried_to(&boundary, &[Ref::New(0)]).unwrap();
+        assert_eq!(carried.start, boundary);
+        assert_eq!(
+            carried.events,
+            vec![
+                // The weight is there already: its put goes, the input stays.
+                Event::Put { bytes: 32 },
+                apply(
+                    vec![Ref::Prefix(0), Ref::New(0)],
+                    vec![OutputSpec::fresh(16), OutputSpec::view(0)],
+                ),
+                Event::Mutate {
+                    name: "sgd".into(),
+                    inputs: vec![Ref::Prefix(0), Ref::New(1), Ref::New(2)],
+                    mutated: vec![0],
+                    recomputable: false,
+                    cost_ns: 5,
+                },
+                Event::Release(Ref::New(0)),
+                Event::Release(Ref::New(1)),
+                Event::Release(Ref::New(2)),
+            ]
+        );
+        // The weight's storage predates the carried iteration; the others
+        // are renumbered in creation order.
+        assert_eq!(
+            carried.reads,
+            vec![vec![], vec![0], vec![1], vec![], vec![], vec![]]
+        );
+        assert_eq!(carried.compute_ns(), rec.compute_ns());
+        // Carried to where it already starts, a recording is itself.
+        let again = carried.carried_to(&boundary, &[Ref::Prefix(0)]).unwrap();
+        assert_eq!(again, carried);
+    }
+
+    #[test]
+    fn a_mutation_of_two_views_of_one_storage_makes_one_version() {
+        let rec = Recording {
+            start: Boundary::default(),
+            events: vec![
+                Event::Put { bytes: 64 },
+                apply(vec![Ref::New(0)], vec![OutputSpec::view(0)]),
+                Event::Mutate {
+                    name: "fill".into(),
+                    inputs: vec![Ref::New(0), Ref::New(1)],
+                    mutated: vec![0, 1],
+                    recomputable: false,
+                    cost_ns: 1,
+                },
+                Event::Put { bytes: 8 },
+                Event::Access(Ref::New(2)),
+            ],
+            // seq 0: the put; 1: the one new version; 2: the second put.
+            reads: vec![vec![], vec![0], vec![0], vec![], vec![2]],
+        };
+        let boundary = Boundary {
+            storages: vec![64],
+            tensors: vec![(Some(0), 1)],
+        };
+        let carried = rec.carried_to(&boundary, &[Ref::New(0)]).unwrap();
+        // The second put is the carried iteration's seq 1 (after the version).
+        assert_eq!(carried.reads.last(), Some(&vec![1]));
+        assert_eq!(carried.events.last(), Some(&Event::Access(Ref::New(1))));
+    }
+
+    #[test]
+    fn what_cannot_be_carried_is_refused_with_its_reason() {
+        let rec = first_step();
+        let boundary = Boundary {
+            storages: vec![64, 16],
+            tensors: vec![(Some(0), 1), (Some(1), 1)],
+        };
+        // An op's output kept across the boundary: the next step makes it again.
+        assert_eq!(
+            rec.carried_to(&boundary, &[Ref::New(0), Ref::New(2)]),
+            Err(CarryRefusal::OpOutputLive)
+        );
+        assert_eq!(
+            rec.carried_to(&boundary, &[Ref::New(0)]),
+            Err(CarryRefusal::NamesMismatch)
+        );
+        // A start tensor the step read but did not keep.
+        let mut later = rec.clone();
+        later.start = Boundary {
+            storages: vec![8],
+            tensors: vec![(Some(0), 1)],
+        };
+        later.events.push(Event::Access(Ref::Prefix(0)));
+        later.reads.push(vec![]);
+        let one = Boundary {
+            storages: vec![64],
+            tensors: vec![(Some(0), 1)],
+        };
+        assert_eq!(
+            later.carried_to(&one, &[Ref::New(0)]),
+            Err(CarryRefusal::StartTensorGone)
+        );
+        assert!(CarryRefusal::OpOutputLive.to_string().contains("output"));
     }
 }

@@ -142,6 +142,62 @@ pub struct IterationReport {
     /// What happened to planning at this boundary, and why when no plan was
     /// adopted.
     pub planning: PlanStatus,
+    /// When the next iteration starts from another state than the ended one
+    /// did: what differs, and whether the next iteration was still planned
+    /// from the ended one (its recording carried to this boundary).
+    pub start_diff: Option<StartDiff>,
+}
+
+/// How the state at a boundary differs from the state the ended iteration
+/// started from ([`IterationReport::start_diff`]). The first step of a
+/// training run typically starts from nothing and ends with its parameters,
+/// inputs and optimizer state live: the difference is what the step itself
+/// made, and the next step is planned from the recording carried to the
+/// boundary ([`crate::Recording::carried_to`]). Anything else (an op's output
+/// kept across the boundary, a start tensor dropped) leaves the next step
+/// online, and the boundary after it plans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartDiff {
+    /// Resident storages at the ended iteration's start.
+    pub recorded_storages: usize,
+    /// Their bytes.
+    pub recorded_bytes: u64,
+    /// Live tensors at the ended iteration's start.
+    pub recorded_tensors: usize,
+    /// Resident storages at this boundary.
+    pub boundary_storages: usize,
+    /// Their bytes.
+    pub boundary_bytes: u64,
+    /// Live tensors at this boundary.
+    pub boundary_tensors: usize,
+    /// Resident storages at this boundary that the ended iteration made.
+    pub made_storages: usize,
+    /// Their bytes.
+    pub made_bytes: u64,
+    /// Why the ended iteration's recording could not be carried to this
+    /// boundary (`None`: it was, and the next iteration was planned from it).
+    pub not_carried: Option<crate::record::CarryRefusal>,
+}
+
+impl std::fmt::Display for StartDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "started from {} storages ({} B) and {} tensors, ended with {} storages ({} B) and {} tensors, {} of them ({} B) made by the iteration; ",
+            self.recorded_storages,
+            self.recorded_bytes,
+            self.recorded_tensors,
+            self.boundary_storages,
+            self.boundary_bytes,
+            self.boundary_tensors,
+            self.made_storages,
+            self.made_bytes,
+        )?;
+        match self.not_carried {
+            None => f.write_str("planned from the recording carried to the boundary"),
+            Some(why) => write!(f, "not planned: {why}"),
+        }
+    }
 }
 
 /// What [`crate::Runtime::end_iteration`] did about the next iteration's plan.

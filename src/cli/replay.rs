@@ -156,6 +156,18 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
         "arena_bytes": it.arena_bytes,
         "rescued": it.rescued,
         "planning": it.planning.map(|p| p.name()),
+        "start_diff": it.start_diff.as_ref().map(|d| serde_json::json!({
+            "recorded_storages": d.recorded_storages,
+            "recorded_bytes": d.recorded_bytes,
+            "recorded_tensors": d.recorded_tensors,
+            "boundary_storages": d.boundary_storages,
+            "boundary_bytes": d.boundary_bytes,
+            "boundary_tensors": d.boundary_tensors,
+            "made_storages": d.made_storages,
+            "made_bytes": d.made_bytes,
+            "carried": d.not_carried.is_none(),
+            "not_carried": d.not_carried.map(|w| w.reason()),
+        })),
         "next_plan": it.next_plan.as_ref().map(|p| serde_json::json!({
             "policy": p.policy,
             "overhead": p.overhead,

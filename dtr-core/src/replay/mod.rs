@@ -74,7 +74,10 @@ impl ReplayStatus {
 pub struct ReplayOptions {
     /// Runtime config (budget, mode, policy, sampling, filter, seed).
     pub config: DtrConfig,
-    /// Stop when total compute exceeds this multiple of the baseline.
+    /// Stop when total compute exceeds this multiple of the baseline: a
+    /// single-iteration replay, and each iteration of several that starts on
+    /// a plan (one that starts without one runs online and is stopped at
+    /// [`FIRST_ITERATION_LIMIT`]).
     pub thrash_limit: f64,
     /// Record a memory timeline (one point per `timeline_every` instructions).
     pub timeline_every: Option<usize>,
@@ -210,6 +213,9 @@ pub struct IterationRow {
     /// What planning did at its end (`None`: the last iteration of a run, or
     /// one that failed).
     pub planning: Option<crate::stats::PlanStatus>,
+    /// How the state at its end differs from its start, when it does (see
+    /// [`crate::stats::StartDiff`]).
+    pub start_diff: Option<crate::stats::StartDiff>,
 }
 
 /// A replay failure that is not a budget outcome (a malformed trace, a bug).
@@ -287,12 +293,12 @@ pub fn replay(
 /// iteration after it is planned from what really ran.
 ///
 /// As in [`replay`], constants persist by name and every other name is fresh
-/// in each iteration, and only the first iteration is stopped at
-/// [`FIRST_ITERATION_LIMIT`]: a changed iteration later in the sequence runs
-/// online but is judged at [`ReplayOptions::thrash_limit`] like every
-/// iteration after the first. The report's `trace` and `baseline_compute_ns`
-/// are the first trace's; each row's overhead is over its own iteration's
-/// baseline. `opts.iterations` must equal `iterations.len()` (an error
+/// in each iteration, and an iteration that starts without a plan (the first,
+/// one after a boundary that planned nothing) is stopped at
+/// [`FIRST_ITERATION_LIMIT`]; one that starts on a plan at
+/// [`ReplayOptions::thrash_limit`], even if it changed and left its plan.
+/// The report's `trace` and `baseline_compute_ns` are the first trace's;
+/// each row's overhead is over its own iteration's baseline. `opts.iterations` must equal `iterations.len()` (an error
 /// otherwise, rather than one of them silently ignored), and an oracle, which
 /// reads one trace's future, is refused.
 pub fn replay_sequence(
@@ -335,9 +341,10 @@ pub fn replay_sequence(
 /// With [`ReplayOptions::iterations`] = K > 1 the traces run one after another on one
 /// runtime: constants persist (a `CONSTANT` whose name is still bound is not put
 /// again), every other name is released at the end of an iteration, and
-/// [`Runtime::end_iteration`] separates the iterations. The first iteration stops
-/// as thrash only past [`FIRST_ITERATION_LIMIT`] × baseline (it runs online while
-/// recording); later ones at [`ReplayOptions::thrash_limit`].
+/// [`Runtime::end_iteration`] separates the iterations. An iteration that starts
+/// without a plan (the first, and any after a boundary that planned nothing)
+/// runs online and stops as thrash only past [`FIRST_ITERATION_LIMIT`] ×
+/// baseline; one that starts on a plan at [`ReplayOptions::thrash_limit`].
 fn drive(
     seq: &[(&Trace, u64)],
     opts: &ReplayOptions,
@@ -369,7 +376,10 @@ fn drive(
     };
     for (iteration, &(trace, baseline_ns)) in seq.iter().enumerate() {
         let ins = &trace.instructions;
-        let factor = if opts.iterations > 1 && iteration == 0 {
+        // An iteration of several that starts without a plan runs online, as
+        // the first does, and is judged like it; one that starts on a plan is
+        // held to the thrash limit (it knows its future).
+        let factor = if opts.iterations > 1 && !rt.following_plan() {
             FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
         } else {
             opts.thrash_limit
@@ -619,6 +629,7 @@ fn drive(
             rescued: s.rescued_since(&at_start),
             next_plan: None,
             planning: None,
+            start_diff: None,
         };
         if status != ReplayStatus::Ok || opts.iterations == 1 {
             rows.push(row);
@@ -638,6 +649,7 @@ fn drive(
         let report = rt.end_iteration()?;
         row.next_plan = report.next_plan;
         row.planning = Some(report.planning);
+        row.start_diff = report.start_diff;
         rows.push(row);
     }
     let stats = rt.stats().clone();

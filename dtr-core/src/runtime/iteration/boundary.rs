@@ -11,8 +11,8 @@ use super::super::{Runtime, TensorRec};
 use crate::error::{Error, Result};
 use crate::ids::{StorageId, TensorId};
 use crate::plan::{Cursor, IterationPlan};
-use crate::record::{Boundary, Recording, Ref};
-use crate::stats::{IterationReport, PlanStatus};
+use crate::record::{Boundary, CarryRefusal, Recording, Ref};
+use crate::stats::{IterationReport, PlanStatus, StartDiff};
 
 /// The most a plan made after a rescued iteration may cost, over its first
 /// computations: the DTR paper's line between an overhead and a failure
@@ -252,6 +252,7 @@ impl<V> Runtime<V> {
             rescued: self.stats.rescued_since(&self.iter.start_stats),
             next_plan: None,
             planning: PlanStatus::Off,
+            start_diff: None,
         };
         // Freeze what stays resident; what is evicted becomes stale (epoch).
         let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
@@ -293,25 +294,29 @@ impl<V> Runtime<V> {
             None => PlanStatus::NotRecorded,
             Some(_) if self.iter.recorder.broken => PlanStatus::CallFailed,
             Some(r) if r.events.is_empty() => PlanStatus::NotRecorded,
-            Some(r) if r.start != boundary => PlanStatus::StartDiffers,
+            Some(r) if r.start != boundary => {
+                let (diff, carried) = self.carry(&r, &boundary, &residents, &live);
+                report.start_diff = Some(diff);
+                match carried {
+                    None => PlanStatus::StartDiffers,
+                    Some(rec) => {
+                        let (plan, status) =
+                            self.plan_now_or_in_background(Arc::new(rec), bound)?;
+                        next = plan;
+                        status
+                    }
+                }
+            }
             Some(rec) => match previous {
                 // The iteration repeated its plan exactly: the plan stands.
                 Some(p) if followed_whole && p.recording.start == boundary => {
                     next = Some(p);
                     PlanStatus::Kept
                 }
-                _ if self.config.plan_background => {
-                    let (plan, status) = self.plan_in_background(rec, bound)?;
-                    next = plan.map(Arc::new);
-                    status
-                }
                 _ => {
-                    next = crate::planner::plan_iteration(&rec, &self.config, bound)?.map(Arc::new);
-                    if next.is_some() {
-                        PlanStatus::Planned
-                    } else {
-                        PlanStatus::NoPlan
-                    }
+                    let (plan, status) = self.plan_now_or_in_background(rec, bound)?;
+                    next = plan;
+                    status
                 }
             },
         };
@@ -348,6 +353,67 @@ impl<V> Runtime<V> {
             }
         }
         Ok(report)
+    }
+
+    /// Plan `rec` for the next iteration under `bound` (ns): now, or on a
+    /// background thread with [`crate::DtrConfig::plan_background`].
+    fn plan_now_or_in_background(
+        &mut self,
+        rec: Arc<Recording>,
+        bound: f64,
+    ) -> Result<(Option<Arc<IterationPlan>>, PlanStatus)> {
+        if self.config.plan_background {
+            let (plan, status) = self.plan_in_background(rec, bound)?;
+            return Ok((plan.map(Arc::new), status));
+        }
+        let plan = crate::planner::plan_iteration(&rec, &self.config, bound)?.map(Arc::new);
+        let status = if plan.is_some() {
+            PlanStatus::Planned
+        } else {
+            PlanStatus::NoPlan
+        };
+        Ok((plan, status))
+    }
+
+    /// The ended iteration's recording `rec` started from another state than
+    /// `boundary`: what differs, and the recording carried to `boundary`
+    /// ([`Recording::carried_to`]) when the difference is only external data
+    /// the iteration put and left live. `residents` and `live` are the
+    /// boundary's storages and tensors in its order.
+    fn carry(
+        &self,
+        rec: &Recording,
+        boundary: &Boundary,
+        residents: &[StorageId],
+        live: &[TensorId],
+    ) -> (StartDiff, Option<Recording>) {
+        // Storages the ended iteration made: those of the epoch before this one.
+        let ended = self.iter.epoch.wrapping_sub(1);
+        let made: Vec<u64> = (residents.iter())
+            .map(|&s| self.graph.st(s))
+            .filter(|r| r.epoch == ended)
+            .map(|r| r.bytes)
+            .collect();
+        let names: Option<Vec<Ref>> = live
+            .iter()
+            .map(|&t| self.iter.recorder.refs.get(t))
+            .collect();
+        let carried = match names {
+            None => Err(CarryRefusal::NamesMismatch),
+            Some(names) => rec.carried_to(boundary, &names),
+        };
+        let diff = StartDiff {
+            recorded_storages: rec.start.storages.len(),
+            recorded_bytes: rec.start.resident_bytes(),
+            recorded_tensors: rec.start.tensors.len(),
+            boundary_storages: boundary.storages.len(),
+            boundary_bytes: boundary.resident_bytes(),
+            boundary_tensors: boundary.tensors.len(),
+            made_storages: made.len(),
+            made_bytes: made.iter().sum(),
+            not_carried: carried.as_ref().err().copied(),
+        };
+        (diff, carried.ok())
     }
 
     /// What a plan for the next iteration may cost (ns): at most what the
@@ -394,6 +460,7 @@ mod tests {
             rescued,
             next_plan: None,
             planning: PlanStatus::NotRecorded,
+            start_diff: None,
         }
     }
 
