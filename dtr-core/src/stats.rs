@@ -211,8 +211,11 @@ pub enum PlanStatus {
     /// A call of the iteration failed: its recording is no program to repeat.
     CallFailed,
     /// The next iteration starts from a different state (other resident sizes
-    /// or tensors) than the recorded one did: typically the first step, which
-    /// creates optimizer state. The next boundary plans.
+    /// or tensors) than the recorded one did, and the recording could not be
+    /// carried to it ([`IterationReport::start_diff`] says what differs and
+    /// why): typically a first step whose optimizer makes its updated
+    /// parameters with ops. The next boundary plans. (A first step that only
+    /// put what it kept is carried: the next step is planned from it.)
     StartDiffers,
     /// The iteration followed its plan exactly; the plan stands.
     Kept,
