@@ -333,6 +333,251 @@ pub fn replay_sequence(
     drive(iterations, opts, rt, None)
 }
 
+/// The replayer's state across the instructions of one run: the runtime, the
+/// trace names bound to its tensors, and the op handles by fresh-output count.
+struct Driver<'t, 'k> {
+    rt: Runtime<()>,
+    /// Numbers storages, records reads and follows the position for an
+    /// oracle policy.
+    tracker: Option<&'k mut Tracker>,
+    names: AHashMap<&'t str, TensorId>,
+    /// Names bound by `CONSTANT` and not rebound since: they persist across
+    /// iterations.
+    constants: AHashSet<&'t str>,
+    ops: Vec<Arc<dyn OpHandle<()>>>,
+    /// More than one iteration: rebinding a name releases its old tensor.
+    several: bool,
+}
+
+/// The tensor a trace name is bound to (instruction `at` names it).
+fn get(names: &AHashMap<&str, TensorId>, at: usize, n: &str) -> Result<TensorId, ReplayError> {
+    names
+        .get(n)
+        .copied()
+        .ok_or_else(|| ReplayError::UnknownName {
+            at,
+            name: n.to_string(),
+        })
+}
+
+impl<'t> Driver<'t, '_> {
+    /// Run instruction `i` of `ins` of iteration `iteration` (a `CALL` with the
+    /// `MEMORY` and `ALIAS` lines that follow it). Returns the index of the
+    /// last instruction it consumed and the runtime's answer; a malformed
+    /// trace is the outer error.
+    fn instruction(
+        &mut self,
+        ins: &'t [Instruction],
+        mut i: usize,
+        iteration: usize,
+    ) -> Result<(usize, Result<(), Error>), ReplayError> {
+        let step: Result<(), Error> = match &ins[i] {
+            Instruction::Constant { name } => {
+                let bytes = match ins.get(i + 1) {
+                    Some(Instruction::Memory { name: n, bytes }) if n == name => *bytes,
+                    _ => 0,
+                };
+                i += 1;
+                if iteration > 0 && self.names.contains_key(name.as_str()) {
+                    // A persisting constant (a parameter): already resident.
+                    Ok(())
+                } else {
+                    self.rt.put((), bytes).map(|t| {
+                        if let Some(tr) = self.tracker.as_deref_mut() {
+                            tr.created(&self.rt, t);
+                        }
+                        self.constants.insert(name.as_str());
+                        self.names.insert(name.as_str(), t);
+                    })
+                }
+            }
+            Instruction::Call {
+                args,
+                results,
+                time_ns,
+                ..
+            } => {
+                let mut specs = vec![OutputSpec::fresh(0); results.len()];
+                let mut sizes = vec![0u64; results.len()];
+                let mut j = i + 1;
+                while j < ins.len() {
+                    match &ins[j] {
+                        Instruction::Memory { name, bytes } => {
+                            if let Some(k) = results.iter().position(|r| r == name) {
+                                sizes[k] = *bytes;
+                            }
+                        }
+                        Instruction::Alias { name, alias } => {
+                            if let Some(k) = results.iter().position(|r| r == name) {
+                                specs[k] = if *alias < 0 {
+                                    OutputSpec::fresh(sizes[k])
+                                } else {
+                                    OutputSpec::view(*alias as usize)
+                                };
+                            }
+                        }
+                        _ => break,
+                    }
+                    j += 1;
+                }
+                i = j - 1;
+                let inputs = args
+                    .iter()
+                    .map(|a| get(&self.names, i, a))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let fresh = specs
+                    .iter()
+                    .filter(|s| matches!(s, OutputSpec::Fresh { .. }))
+                    .count();
+                while self.ops.len() <= fresh {
+                    self.ops.push(Arc::new(TraceOp(self.ops.len())));
+                }
+                if let Some(tr) = self.tracker.as_deref_mut() {
+                    tr.read(&self.rt, &inputs);
+                }
+                self.rt
+                    .apply(self.ops[fresh].clone(), &inputs, &specs, *time_ns)
+                    .and_then(|outs| {
+                        for ((r, t), spec) in results.iter().zip(outs).zip(&specs) {
+                            if let (Some(tr), OutputSpec::Fresh { .. }) =
+                                (self.tracker.as_deref_mut(), spec)
+                            {
+                                tr.created(&self.rt, t);
+                            }
+                            // A result that rebinds a name drops the old tensor.
+                            if let Some(old) = self.names.insert(r.as_str(), t) {
+                                if self.several {
+                                    self.constants.remove(r.as_str());
+                                    self.rt.release(old)?;
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+            }
+            Instruction::Mutate {
+                args,
+                mutate,
+                time_ns,
+                ..
+            } => {
+                let inputs = args
+                    .iter()
+                    .map(|a| get(&self.names, i, a))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut storages: Vec<_> = Vec::new();
+                for &k in mutate {
+                    let s = self.rt.storage_of(inputs[k])?;
+                    if !storages.contains(&s) {
+                        storages.push(s);
+                    }
+                }
+                while self.ops.len() <= storages.len() {
+                    self.ops.push(Arc::new(TraceOp(self.ops.len())));
+                }
+                if let Some(tr) = self.tracker.as_deref_mut() {
+                    tr.read(&self.rt, &inputs);
+                }
+                self.rt
+                    .mutate(self.ops[storages.len()].clone(), &inputs, mutate, *time_ns)
+                    .map(|()| {
+                        // One new version per distinct mutated storage, in order.
+                        if let Some(tr) = self.tracker.as_deref_mut() {
+                            let mut seen = Vec::new();
+                            for &k in mutate {
+                                if let Ok(s) = self.rt.storage_of(inputs[k]) {
+                                    if !seen.contains(&s) {
+                                        seen.push(s);
+                                        tr.created(&self.rt, inputs[k]);
+                                    }
+                                }
+                            }
+                        }
+                    })
+            }
+            Instruction::Copy { dst, src } => {
+                let t = get(&self.names, i, src)?;
+                self.rt
+                    .retain(t)
+                    .and_then(|()| match self.names.insert(dst.as_str(), t) {
+                        Some(old) if self.several => {
+                            self.constants.remove(dst.as_str());
+                            self.rt.release(old)
+                        }
+                        _ => Ok(()),
+                    })
+            }
+            Instruction::CopyFrom { dst, src } => {
+                let t = get(&self.names, i, src)?;
+                let old = get(&self.names, i, dst)?;
+                self.rt.retain(t).and_then(|()| {
+                    self.names.insert(dst.as_str(), t);
+                    self.rt.release(old)
+                })
+            }
+            Instruction::Release { name } => match self.names.remove(name.as_str()) {
+                Some(t) => {
+                    self.constants.remove(name.as_str());
+                    self.rt.release(t)
+                }
+                None => Ok(()),
+            },
+            Instruction::Annotate(a) => {
+                if let (Some(tr), remat_trace::Annotation::Backward) =
+                    (self.tracker.as_deref_mut(), a)
+                {
+                    tr.backward();
+                }
+                Ok(())
+            }
+            Instruction::Memory { .. } | Instruction::Alias { .. } => Ok(()),
+        };
+        Ok((i, step))
+    }
+
+    /// Read every tensor still named at the end of a trace (the outputs), in
+    /// a fixed order, until the compute `limit` (ns) is passed. Returns
+    /// whether it was.
+    fn outputs(&mut self, at: usize, limit: f64, bounded: bool) -> Result<bool, Error> {
+        // Several iterations read them by name (tensor ids differ between
+        // iterations, names do not); one iteration by tensor id, as the
+        // published single-iteration figures were measured.
+        let mut named: Vec<(&str, TensorId)> = self.names.iter().map(|(n, t)| (*n, *t)).collect();
+        if self.several {
+            named.sort_unstable_by_key(|(n, _)| *n);
+        } else {
+            named.sort_unstable_by_key(|(_, t)| *t);
+        }
+        let live: Vec<TensorId> = named.into_iter().map(|(_, t)| t).collect();
+        if let Some(tr) = self.tracker.as_deref_mut() {
+            tr.at(at, self.rt.stats().compute_ns);
+            tr.read(&self.rt, &live);
+        }
+        for t in live {
+            self.rt.access(t)?;
+            if self.rt.stats().total_compute_ns() > limit && bounded {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// End an iteration: release the names it bound (constants persist) and
+    /// call [`Runtime::end_iteration`].
+    fn end_iteration(&mut self) -> Result<crate::stats::IterationReport, Error> {
+        let mut dead: Vec<(&str, TensorId)> = (self.names.iter())
+            .filter(|(n, _)| !self.constants.contains(*n))
+            .map(|(n, t)| (*n, *t))
+            .collect();
+        dead.sort_unstable_by_key(|(n, _)| *n);
+        for (n, t) in dead {
+            self.names.remove(n);
+            self.rt.release(t)?;
+        }
+        self.rt.end_iteration()
+    }
+}
+
 /// The replay loop over runtime `rt`: iteration `k` runs `seq[k]`'s trace, its
 /// Σ TIME the overhead denominator (`seq` has [`ReplayOptions::iterations`]
 /// entries). `tracker` numbers storages, records reads and follows the
@@ -348,213 +593,53 @@ pub fn replay_sequence(
 fn drive(
     seq: &[(&Trace, u64)],
     opts: &ReplayOptions,
-    mut rt: Runtime<()>,
-    mut tracker: Option<&mut Tracker>,
+    rt: Runtime<()>,
+    tracker: Option<&mut Tracker>,
 ) -> Result<ReplayReport, ReplayError> {
     debug_assert_eq!(seq.len(), opts.iterations, "one trace per iteration");
     let started = Instant::now();
-    rt.record_decision_times(true);
+    let mut d = Driver {
+        rt,
+        tracker,
+        names: AHashMap::new(),
+        constants: AHashSet::new(),
+        ops: Vec::new(),
+        several: opts.iterations > 1,
+    };
+    d.rt.record_decision_times(true);
     // Replays are deterministic: a background plan is taken at the first
     // boundary after it was started, however long it takes.
-    rt.wait_for_background_plans(true);
+    d.rt.wait_for_background_plans(true);
     let bounded = opts.config.budget.is_some();
-    let mut names: AHashMap<&str, TensorId> = AHashMap::new();
-    let mut constants: AHashSet<&str> = AHashSet::new();
-    let mut ops: Vec<Arc<dyn OpHandle<()>>> = Vec::new();
     let mut timeline = Vec::new();
     let mut status = ReplayStatus::Ok;
     let mut error = None;
     let mut rows = Vec::new();
-    let get = |names: &AHashMap<&str, TensorId>, at: usize, n: &str| {
-        names
-            .get(n)
-            .copied()
-            .ok_or_else(|| ReplayError::UnknownName {
-                at,
-                name: n.to_string(),
-            })
-    };
     for (iteration, &(trace, baseline_ns)) in seq.iter().enumerate() {
         let ins = &trace.instructions;
         // An iteration of several that starts without a plan runs online, as
         // the first does, and is judged like it; one that starts on a plan is
         // held to the thrash limit (it knows its future).
-        let factor = if opts.iterations > 1 && !rt.following_plan() {
+        let factor = if opts.iterations > 1 && !d.rt.following_plan() {
             FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
         } else {
             opts.thrash_limit
         };
-        let at_start = rt.stats().clone();
+        let at_start = d.rt.stats().clone();
         let limit = at_start.total_compute_ns() + factor * baseline_ns as f64;
         if bounded || opts.config.threshold.is_some() {
-            rt.set_compute_limit(Some(limit));
+            d.rt.set_compute_limit(Some(limit));
         }
         let mut i = 0;
         let outcome: Result<(), Error> = loop {
             if i >= ins.len() {
                 break Ok(());
             }
-            if let Some(tr) = tracker.as_deref_mut() {
-                tr.at(i, rt.stats().compute_ns);
+            if let Some(tr) = d.tracker.as_deref_mut() {
+                tr.at(i, d.rt.stats().compute_ns);
             }
-            let step: Result<(), Error> = match &ins[i] {
-                Instruction::Constant { name } => {
-                    let bytes = match ins.get(i + 1) {
-                        Some(Instruction::Memory { name: n, bytes }) if n == name => *bytes,
-                        _ => 0,
-                    };
-                    i += 1;
-                    if iteration > 0 && names.contains_key(name.as_str()) {
-                        // A persisting constant (a parameter): already resident.
-                        Ok(())
-                    } else {
-                        rt.put((), bytes).map(|t| {
-                            if let Some(tr) = tracker.as_deref_mut() {
-                                tr.created(&rt, t);
-                            }
-                            constants.insert(name.as_str());
-                            names.insert(name.as_str(), t);
-                        })
-                    }
-                }
-                Instruction::Call {
-                    args,
-                    results,
-                    time_ns,
-                    ..
-                } => {
-                    let mut specs = vec![OutputSpec::fresh(0); results.len()];
-                    let mut sizes = vec![0u64; results.len()];
-                    let mut j = i + 1;
-                    while j < ins.len() {
-                        match &ins[j] {
-                            Instruction::Memory { name, bytes } => {
-                                if let Some(k) = results.iter().position(|r| r == name) {
-                                    sizes[k] = *bytes;
-                                }
-                            }
-                            Instruction::Alias { name, alias } => {
-                                if let Some(k) = results.iter().position(|r| r == name) {
-                                    specs[k] = if *alias < 0 {
-                                        OutputSpec::fresh(sizes[k])
-                                    } else {
-                                        OutputSpec::view(*alias as usize)
-                                    };
-                                }
-                            }
-                            _ => break,
-                        }
-                        j += 1;
-                    }
-                    i = j - 1;
-                    let inputs = args
-                        .iter()
-                        .map(|a| get(&names, i, a))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let fresh = specs
-                        .iter()
-                        .filter(|s| matches!(s, OutputSpec::Fresh { .. }))
-                        .count();
-                    while ops.len() <= fresh {
-                        ops.push(Arc::new(TraceOp(ops.len())));
-                    }
-                    if let Some(tr) = tracker.as_deref_mut() {
-                        tr.read(&rt, &inputs);
-                    }
-                    rt.apply(ops[fresh].clone(), &inputs, &specs, *time_ns)
-                        .and_then(|outs| {
-                            for ((r, t), spec) in results.iter().zip(outs).zip(&specs) {
-                                if let (Some(tr), OutputSpec::Fresh { .. }) =
-                                    (tracker.as_deref_mut(), spec)
-                                {
-                                    tr.created(&rt, t);
-                                }
-                                // A result that rebinds a name drops the old tensor.
-                                if let Some(old) = names.insert(r.as_str(), t) {
-                                    if opts.iterations > 1 {
-                                        constants.remove(r.as_str());
-                                        rt.release(old)?;
-                                    }
-                                }
-                            }
-                            Ok(())
-                        })
-                }
-                Instruction::Mutate {
-                    args,
-                    mutate,
-                    time_ns,
-                    ..
-                } => {
-                    let inputs = args
-                        .iter()
-                        .map(|a| get(&names, i, a))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let mut storages: Vec<_> = Vec::new();
-                    for &k in mutate {
-                        let s = rt.storage_of(inputs[k])?;
-                        if !storages.contains(&s) {
-                            storages.push(s);
-                        }
-                    }
-                    while ops.len() <= storages.len() {
-                        ops.push(Arc::new(TraceOp(ops.len())));
-                    }
-                    if let Some(tr) = tracker.as_deref_mut() {
-                        tr.read(&rt, &inputs);
-                    }
-                    rt.mutate(ops[storages.len()].clone(), &inputs, mutate, *time_ns)
-                        .map(|()| {
-                            // One new version per distinct mutated storage, in order.
-                            if let Some(tr) = tracker.as_deref_mut() {
-                                let mut seen = Vec::new();
-                                for &k in mutate {
-                                    if let Ok(s) = rt.storage_of(inputs[k]) {
-                                        if !seen.contains(&s) {
-                                            seen.push(s);
-                                            tr.created(&rt, inputs[k]);
-                                        }
-                                    }
-                                }
-                            }
-                        })
-                }
-                Instruction::Copy { dst, src } => {
-                    let t = get(&names, i, src)?;
-                    rt.retain(t)
-                        .and_then(|()| match names.insert(dst.as_str(), t) {
-                            Some(old) if opts.iterations > 1 => {
-                                constants.remove(dst.as_str());
-                                rt.release(old)
-                            }
-                            _ => Ok(()),
-                        })
-                }
-                Instruction::CopyFrom { dst, src } => {
-                    let t = get(&names, i, src)?;
-                    let old = get(&names, i, dst)?;
-                    rt.retain(t).and_then(|()| {
-                        names.insert(dst.as_str(), t);
-                        rt.release(old)
-                    })
-                }
-                Instruction::Release { name } => match names.remove(name.as_str()) {
-                    Some(t) => {
-                        constants.remove(name.as_str());
-                        rt.release(t)
-                    }
-                    None => Ok(()),
-                },
-                Instruction::Annotate(a) => {
-                    if let (Some(tr), remat_trace::Annotation::Backward) =
-                        (tracker.as_deref_mut(), a)
-                    {
-                        tr.backward();
-                    }
-                    Ok(())
-                }
-                Instruction::Memory { .. } | Instruction::Alias { .. } => Ok(()),
-            };
+            let (last, step) = d.instruction(ins, i, iteration)?;
+            i = last;
             if let Err(e) = step {
                 break Err(e);
             }
@@ -562,43 +647,22 @@ fn drive(
                 if i % every.max(1) == 0 {
                     timeline.push(TimelinePoint {
                         at: i,
-                        clock_ns: rt.clock(),
-                        live_bytes: rt.stats().live_bytes,
-                        reserved_bytes: rt.memory_usage().reserved,
+                        clock_ns: d.rt.clock(),
+                        live_bytes: d.rt.stats().live_bytes,
+                        reserved_bytes: d.rt.memory_usage().reserved,
                     });
                 }
             }
-            if rt.stats().total_compute_ns() > limit && bounded {
+            if d.rt.stats().total_compute_ns() > limit && bounded {
                 status = ReplayStatus::Thrash;
                 break Ok(());
             }
             i += 1;
         };
         let outcome = outcome.and_then(|()| {
-            if status != ReplayStatus::Ok {
-                return Ok(());
-            }
             // The outputs: everything still named must be materializable at the end.
-            // Several iterations read them by name (tensor ids differ between
-            // iterations, names do not); one iteration by tensor id, as the
-            // published single-iteration figures were measured.
-            let mut named: Vec<(&str, TensorId)> = names.iter().map(|(n, t)| (*n, *t)).collect();
-            if opts.iterations > 1 {
-                named.sort_unstable_by_key(|(n, _)| *n);
-            } else {
-                named.sort_unstable_by_key(|(_, t)| *t);
-            }
-            let live: Vec<TensorId> = named.into_iter().map(|(_, t)| t).collect();
-            if let Some(tr) = tracker.as_deref_mut() {
-                tr.at(ins.len(), rt.stats().compute_ns);
-                tr.read(&rt, &live);
-            }
-            for t in live {
-                rt.access(t)?;
-                if rt.stats().total_compute_ns() > limit && bounded {
-                    status = ReplayStatus::Thrash;
-                    break;
-                }
+            if status == ReplayStatus::Ok && d.outputs(ins.len(), limit, bounded)? {
+                status = ReplayStatus::Thrash;
             }
             Ok(())
         });
@@ -611,7 +675,7 @@ fn drive(
             Err(Error::ComputeLimit { .. }) => status = ReplayStatus::Thrash,
             Err(e) => return Err(e.into()),
         }
-        let s = rt.stats();
+        let s = d.rt.stats();
         let spent = s.total_compute_ns() - at_start.total_compute_ns();
         let mut row = IterationRow {
             index: iteration,
@@ -623,9 +687,9 @@ fn drive(
             },
             evictions: s.evictions - at_start.evictions,
             rematerializations: s.rematerializations - at_start.rematerializations,
-            planned: rt.current_plan().is_some(),
+            planned: d.rt.current_plan().is_some(),
             divergences: (s.divergences - at_start.divergences) as u32,
-            arena_bytes: rt.current_plan().map(|p| p.arena_bytes),
+            arena_bytes: d.rt.current_plan().map(|p| p.arena_bytes),
             rescued: s.rescued_since(&at_start),
             next_plan: None,
             planning: None,
@@ -636,25 +700,15 @@ fn drive(
             break;
         }
         // The iteration's names die with it; constants persist.
-        let mut dead: Vec<(&str, TensorId)> = names
-            .iter()
-            .filter(|(n, _)| !constants.contains(*n))
-            .map(|(n, t)| (*n, *t))
-            .collect();
-        dead.sort_unstable_by_key(|(n, _)| *n);
-        for (n, t) in dead {
-            names.remove(n);
-            rt.release(t)?;
-        }
-        let report = rt.end_iteration()?;
+        let report = d.end_iteration()?;
         row.next_plan = report.next_plan;
         row.planning = Some(report.planning);
         row.start_diff = report.start_diff;
         rows.push(row);
     }
-    let stats = rt.stats().clone();
-    let usage = rt.memory_usage();
-    let mut decisions = rt.decision_ns().to_vec();
+    let stats = d.rt.stats().clone();
+    let usage = d.rt.memory_usage();
+    let mut decisions = d.rt.decision_ns().to_vec();
     let budget = opts.config.budget;
     let (trace, baseline_ns) = seq[0];
     let last = rows.last().cloned();
@@ -671,7 +725,7 @@ fn drive(
         .map(|r| r.overhead);
     Ok(ReplayReport {
         trace: trace.name.clone(),
-        policy: rt.policy_name().to_string(),
+        policy: d.rt.policy_name().to_string(),
         ratio: None,
         budget_mode: opts.config.budget_mode,
         budget_bytes: budget,
