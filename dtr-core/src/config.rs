@@ -32,10 +32,12 @@ use remat_alloc::AllocatorConfig;
 /// The environment variable read by [`DtrConfig::from_env`].
 pub const ENV_VAR: &str = "REMAT_DTR_CONF";
 
-/// Thrash limit of the first of several iterations (× its first computations):
-/// it runs online and may be slow; a budget that needs more is reported as
-/// thrash by the replayer, and is no budget [`crate::Runtime::min_feasible_budget`]
-/// answers.
+/// Thrash limit of an iteration of several that starts without a plan (× its
+/// first computations): the first, and any after a boundary that planned
+/// nothing. It runs online and may be slow; a budget that needs more is
+/// reported as thrash by the replayer, and is no budget
+/// [`crate::Runtime::min_feasible_budget`] answers. An iteration that starts
+/// on a plan is held to the replayer's thrash limit (2.0).
 pub const FIRST_ITERATION_LIMIT: f64 = 20.0;
 
 /// How the budget is accounted.

@@ -686,11 +686,13 @@ mod tests {
                     recomputable: false,
                     cost_ns: 1,
                 },
+                Event::Release(Ref::New(1)),
                 Event::Put { bytes: 8 },
                 Event::Access(Ref::New(2)),
+                Event::Release(Ref::New(2)),
             ],
             // seq 0: the put; 1: the one new version; 2: the second put.
-            reads: vec![vec![], vec![0], vec![0], vec![], vec![2]],
+            reads: vec![vec![], vec![0], vec![0], vec![], vec![], vec![2], vec![]],
         };
         let boundary = Boundary {
             storages: vec![64],
@@ -698,8 +700,58 @@ mod tests {
         };
         let carried = rec.carried_to(&boundary, &[Ref::New(0)]).unwrap();
         // The second put is the carried iteration's seq 1 (after the version).
-        assert_eq!(carried.reads.last(), Some(&vec![1]));
-        assert_eq!(carried.events.last(), Some(&Event::Access(Ref::New(1))));
+        assert_eq!(carried.reads[4], vec![1]);
+        assert_eq!(carried.events[4], Event::Access(Ref::New(1)));
+    }
+
+    #[test]
+    fn start_tensors_are_renamed_by_their_place_at_the_boundary() {
+        // Starts with two tensors; drops the first, keeps the second, puts and
+        // keeps a third: at the boundary the second is first, the put second.
+        let rec = Recording {
+            start: Boundary {
+                storages: vec![8, 16],
+                tensors: vec![(Some(0), 1), (Some(1), 1)],
+            },
+            events: vec![
+                Event::Put { bytes: 32 },
+                apply(
+                    vec![Ref::Prefix(1), Ref::New(0)],
+                    vec![OutputSpec::fresh(4)],
+                ),
+                Event::Release(Ref::New(1)),
+                Event::Release(Ref::Prefix(0)),
+            ],
+            reads: vec![vec![], vec![0], vec![], vec![]],
+        };
+        let boundary = Boundary {
+            storages: vec![16, 32],
+            tensors: vec![(Some(0), 1), (Some(1), 1)],
+        };
+        // Prefix(0) is gone: the step read it (to release it) and did not keep it.
+        assert_eq!(
+            rec.carried_to(&boundary, &[Ref::Prefix(1), Ref::New(0)]),
+            Err(CarryRefusal::StartTensorGone)
+        );
+        // Without that release, Prefix(1) → Prefix(0) and the put → Prefix(1).
+        let mut kept = rec.clone();
+        kept.events.pop();
+        kept.reads.pop();
+        let carried = kept.carried_to(&boundary, &[Ref::Prefix(1), Ref::New(0)]);
+        // Prefix(0) is no longer read (as if dropped outside the recording):
+        // the recording carries.
+        let carried = carried.unwrap();
+        assert_eq!(
+            carried.events,
+            vec![
+                apply(
+                    vec![Ref::Prefix(0), Ref::Prefix(1)],
+                    vec![OutputSpec::fresh(4)]
+                ),
+                Event::Release(Ref::New(0)),
+            ]
+        );
+        assert_eq!(carried.reads, vec![Vec::<u32>::new(); 2]);
     }
 
     #[test]

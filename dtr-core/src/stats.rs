@@ -170,12 +170,14 @@ pub struct StartDiff {
     pub boundary_bytes: u64,
     /// Live tensors at this boundary.
     pub boundary_tensors: usize,
-    /// Resident storages at this boundary that the ended iteration made.
+    /// Resident storages at this boundary that the ended iteration made
+    /// (new versions of start storages it mutated included).
     pub made_storages: usize,
     /// Their bytes.
     pub made_bytes: u64,
     /// Why the ended iteration's recording could not be carried to this
-    /// boundary (`None`: it was, and the next iteration was planned from it).
+    /// boundary (`None`: it was, and the next iteration's plan was sought
+    /// from it; [`IterationReport::planning`] says whether one was found).
     pub not_carried: Option<crate::record::CarryRefusal>,
 }
 
@@ -194,7 +196,7 @@ impl std::fmt::Display for StartDiff {
             self.made_bytes,
         )?;
         match self.not_carried {
-            None => f.write_str("planned from the recording carried to the boundary"),
+            None => f.write_str("its recording was carried to the boundary to plan the next"),
             Some(why) => write!(f, "not planned: {why}"),
         }
     }

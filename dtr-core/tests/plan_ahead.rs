@@ -303,6 +303,39 @@ fn replay_trace(name: &str, ratio: f64, iterations: usize) -> remat_dtr::replay:
     .unwrap()
 }
 
+/// Every iteration of several that starts without a plan runs online and is
+/// judged like the first (stopped only past 20×), not at the thrash limit:
+/// transformer at 0.2 costs over 2× online in each of two iterations with
+/// plan-ahead off (5.86 and 3.16), and both finish.
+#[test]
+fn online_iterations_are_judged_like_the_first() {
+    use remat_dtr::replay::ReplayStatus;
+    use remat_trace::require_traces;
+    if require_traces("online_iterations_are_judged_like_the_first").is_none() {
+        return;
+    }
+    let path = remat_trace::find_trace("transformer").expect("transformer");
+    let trace = remat_trace::Trace::load(&path).unwrap();
+    let r = remat_dtr::replay::replay_ratio_iterations(
+        &trace,
+        0.2,
+        BudgetMode::Physical,
+        remat_dtr::PolicyKind::Remat,
+        &DtrConfig::default().with_plan_ahead(false),
+        2,
+    )
+    .unwrap();
+    assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
+    assert_eq!(r.iterations.len(), 2);
+    for it in &r.iterations {
+        assert!(!it.planned, "{it:?}");
+        assert!(
+            it.overhead > 2.0 && it.overhead < remat_dtr::replay::FIRST_ITERATION_LIMIT,
+            "{it:?}"
+        );
+    }
+}
+
 /// On the DTR paper's traces replayed as three iterations under a physical
 /// budget: the last iteration follows its plan with no divergence, costs no more
 /// than the first, and its arena fits the budget. treelstm at 0.3 is the cell
