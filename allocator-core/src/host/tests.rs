@@ -6,9 +6,9 @@
 
 use super::*;
 use crate::device::{SimOp, SimulatedDevice};
-use crate::sync::Arc;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const KB: usize = 1 << 10;
 const MB: usize = 1 << 20;
