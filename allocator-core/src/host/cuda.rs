@@ -55,12 +55,6 @@ pub struct CudaHostProvider {
     live: HashMap<HostPtr, Pinned>,
 }
 
-// SAFETY: `live` holds plain addresses, each the unique owner of its
-// allocation; `CudaDevice` is `Send` (see its impl). All methods take
-// `&mut self` and make the device's primary context current before calling
-// the driver.
-unsafe impl Send for CudaHostProvider {}
-
 impl CudaHostProvider {
     /// Opens GPU `ordinal` ([`CudaDevice::new`]) and checks that the driver
     /// exports the pinned-memory calls ([`DeviceError::Unavailable`] otherwise).

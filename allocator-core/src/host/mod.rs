@@ -371,7 +371,8 @@ impl<P: HostProvider> CachingHostAllocator<P> {
     ///
     /// [`Error::ForeignHandle`] for another allocator's block,
     /// [`Error::InvalidHandle`] for one already freed. When recording an event
-    /// fails ([`Error::Device`]), the block stays allocated, its streams kept.
+    /// fails ([`Error::Device`]), the block stays allocated, its streams kept
+    /// (keep a clone of the handle to retry).
     pub fn free(&self, block: HostBlock) -> Result<()> {
         let mut st = sync::lock(&self.state);
         let streams = std::mem::take(&mut st.live_block(&block, self.id)?.streams);
@@ -484,7 +485,8 @@ impl<P: HostProvider> CachingHostAllocator<P> {
     }
 
     /// Runs `f` on the provider (e.g. to complete simulated events, or to get
-    /// the CUDA stream to queue a copy on), with the allocator locked.
+    /// the CUDA stream to queue a copy on), with the allocator locked: `f`
+    /// must not call this allocator (it would deadlock).
     pub fn with_provider<R>(&self, f: impl FnOnce(&mut P) -> R) -> R {
         f(&mut sync::lock(&self.state).provider)
     }
