@@ -50,6 +50,23 @@ pub enum Error {
         /// The rejected value.
         value: f64,
     },
+    /// A host (pinned) block would take the page-locked bytes held from the
+    /// provider past the host budget, even after the cached free blocks were
+    /// returned (see [`crate::host::HostAllocatorOptions::budget`]).
+    #[error(
+        "host budget exceeded: a request of {requested} bytes needs a {rounded}-byte pinned block, \
+         but {pinned} of the {budget}-byte host budget are held (cached blocks already released)"
+    )]
+    HostBudgetExceeded {
+        /// Bytes asked for.
+        requested: usize,
+        /// The request rounded up to a power of two (what the block would hold).
+        rounded: usize,
+        /// The host budget, in bytes.
+        budget: usize,
+        /// Page-locked bytes held when the request failed.
+        pinned: usize,
+    },
     /// A bad argument to an allocator method (not a size: those have their own
     /// variants).
     #[error("invalid {what}: {value}; allowed: {allowed}")]

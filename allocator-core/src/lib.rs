@@ -30,6 +30,7 @@
 //! | `allocator::{block, pool}` (private) | the block arena (ids, not pointers, for prev/next) and the best-fit pools: PyTorch's exact choice (smallest block ≥ the request on its stream, lowest address among equals) from segregated size bins |
 //! | `allocator::{state, release, expandable, views, invariants}` (private) | `State`, the bookkeeping every rule acts on; giving memory back (cached segments, garbage collection, memory fraction, the OOM error); expandable segments; the snapshot and block list; the invariant scan (tests, `invariant-checks` feature) |
 //! | `allocator::tests` (tests only) | the ported PyTorch tests, rule and model tests, and `reference/`: the pre-rewrite allocator the differential test compares against |
+//! | [`host`] | [`CachingHostAllocator`]: PyTorch's pinned host caching allocator (power-of-two blocks reused after the events of the streams that used them complete, `empty_cache`, [`host::HostStats`], a host budget, the `pinned_*` keys) over a [`host::HostProvider`]: aligned host memory, or CUDA page-locked memory (`cuda` feature) |
 //! | [`stats`] | [`DeviceStats`] with PyTorch's key names |
 //! | [`snapshot`] | [`Snapshot`] of segments and blocks, alloc/free trace, JSON and pickle export (`serde` feature) |
 //! | [`plan`] | static planning of repeated allocation sequences |
@@ -69,6 +70,7 @@ pub mod allocator;
 pub mod config;
 pub mod device;
 mod error;
+pub mod host;
 pub mod plan;
 pub mod size;
 pub mod snapshot;
@@ -89,6 +91,7 @@ pub use device::{
     VirtualMemory,
 };
 pub use error::{Error, OutOfMemoryError};
+pub use host::{CachingHostAllocator, HostBlock};
 pub use snapshot::{BlockState, Snapshot, TraceAction, TraceEntry};
 pub use stats::{DeviceStats, Stat, StatArray};
 

@@ -115,6 +115,42 @@ fn release_lock_on_device_malloc() {
     });
 }
 
+/// The host allocator: `record_event` + free on one thread while another
+/// allocates the same size and the stream completes: the block is never
+/// handed out while its event is pending, and the bookkeeping stays exact.
+#[test]
+fn host_record_event_deferred_free() {
+    use remat_alloc::host::{AlignedHostProvider, CachingHostAllocator, HostAllocatorOptions};
+    loom::model(|| {
+        let provider = AlignedHostProvider::with_events(SimulatedDevice::new(0));
+        let a =
+            Arc::new(CachingHostAllocator::new(provider, HostAllocatorOptions::default()).unwrap());
+        let side = StreamId(1);
+        let x = a.allocate(4096).unwrap();
+        let xptr = x.ptr();
+        a.with_provider(|p| p.event_device().enqueue_work(side));
+        a.record_event(&x, side).unwrap();
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            let y = b.allocate(4096).unwrap();
+            let pending = b.with_provider(|p| p.event_device().is_busy(side));
+            let reused = y.ptr() == xptr;
+            b.free(y).unwrap();
+            (reused, pending)
+        });
+        a.free(x).unwrap();
+        a.with_provider(|p| p.event_device().complete_stream(side));
+        let (reused, pending_at_alloc) = t.join().unwrap();
+        assert!(
+            !(reused && pending_at_alloc),
+            "host block reused while its stream was busy"
+        );
+        a.check_invariants().unwrap();
+        a.empty_cache().unwrap();
+        assert_eq!(a.pinned_bytes(), 0);
+    });
+}
+
 /// A deliberately broken model: a check-then-act race in *user* code around the
 /// allocator (read the allocated bytes, then allocate if zero). Each call is
 /// atomic, the sequence is not; loom must find the interleaving where both

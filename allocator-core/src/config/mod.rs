@@ -47,10 +47,10 @@
 //! | `expandable_segments` | `True` / `False` | `False` | grow segments by mapping pages into a reserved virtual range (needs a device with virtual memory) |
 //! | `release_lock_on_cudamalloc` (alias `release_lock_on_hipmalloc`) | `True` / `False` | `False` | drop the allocator lock while the device allocates a new segment |
 //! | `per_process_memory_fraction` | float in [0.0, 1.0] | 1.0 (no limit) | cap reserved memory at this share of the device's total memory |
-//! | `pinned_use_cuda_host_register` (alias `pinned_use_hip_host_register`) | `True` / `False` | `False` | host (pinned) allocator option; accepted and validated for compatibility, no effect in remat |
-//! | `pinned_num_register_threads` | power of two `<= 128` | 1 | host allocator option; accepted and validated, no effect |
-//! | `pinned_use_background_threads` | `True` / `False` | `False` | host allocator option; accepted and validated, no effect |
-//! | `pinned_reserve_segment_size_mb` | integer MiB, `> 0` | unset (0) | host allocator option; accepted and validated, no effect |
+//! | `pinned_use_cuda_host_register` (alias `pinned_use_hip_host_register`) | `True` / `False` | `False` | host allocator ([`crate::host`]): pin new blocks by `malloc` + `cuMemHostRegister` instead of `cuMemHostAlloc` |
+//! | `pinned_num_register_threads` | power of two `<= 128` | 1 | host allocator: threads that pre-fault a block's pages before it is registered |
+//! | `pinned_use_background_threads` | `True` / `False` | `False` | host allocator option; accepted and validated, no effect (events are polled at every host allocation, PyTorch's behaviour without the thread) |
+//! | `pinned_reserve_segment_size_mb` | integer MiB, `> 0` | unset (0) | host allocator: one segment of this size pinned at the first request; blocks that fit are carved from it and never returned |
 //! | `pinned_free_catch_all` | `True` / `False` | `False` | host allocator option; accepted and validated, no effect |
 //! | `graph_capture_record_stream_reuse` | `True` / `False` | `False` | graph-capture option; accepted and validated, no effect (remat has no graph capture) |
 //! | `throw_on_cudamalloc_oom` | `True` / `False` | `False` | fail at once when the device cannot allocate a new segment, instead of releasing cached blocks and retrying |
@@ -206,16 +206,16 @@ pub struct AllocatorConfig {
     /// Cap on reserved memory as a share of the device's total memory, in
     /// [0.0, 1.0]; 1.0 = no cap (default). See [`AllocatorConfig::memory_fraction_limit`].
     pub per_process_memory_fraction: f64,
-    /// `pinned_use_cuda_host_register` / `pinned_use_hip_host_register`: host
-    /// allocator option, accepted and validated for compatibility; no effect here.
+    /// `pinned_use_cuda_host_register` / `pinned_use_hip_host_register`: the
+    /// host allocator ([`crate::host`]) pins by `malloc` + `cuMemHostRegister`.
     pub pinned_use_host_register: bool,
-    /// Host allocator option: a power of two ≤ [`MAX_PINNED_REGISTER_THREADS`];
-    /// default 1. Accepted and validated; no effect here.
+    /// Host allocator: threads that pre-fault a registered block's pages; a
+    /// power of two ≤ [`MAX_PINNED_REGISTER_THREADS`], default 1.
     pub pinned_num_register_threads: usize,
     /// Host allocator option; accepted and validated; no effect here.
     pub pinned_use_background_threads: bool,
-    /// MiB. Host allocator option; 0 = unset (default), otherwise > 0. Accepted and
-    /// validated; no effect here.
+    /// MiB. Host allocator: the reserve segment carved for blocks and never
+    /// freed; 0 = unset (default), otherwise > 0.
     pub pinned_reserve_segment_size_mb: usize,
     /// Graph-capture option (reuse of record_stream'ed blocks during capture).
     pub graph_capture_record_stream_reuse: bool,

@@ -142,7 +142,7 @@ impl fmt::Debug for CudaDevice {
 }
 
 /// A driver error as a [`DeviceError::Other`] naming the call.
-pub(super) fn driver_error(call: &str, e: DriverError) -> DeviceError {
+pub(crate) fn driver_error(call: &str, e: DriverError) -> DeviceError {
     DeviceError::Other(format!("{call} failed: {e}"))
 }
 
@@ -157,7 +157,7 @@ fn alloc_error(call: &str, e: DriverError, requested: usize) -> DeviceError {
 }
 
 /// Makes `ctx` current on the calling thread unless it already is.
-pub(super) fn bind(ctx: sys::CUcontext) -> Result<(), DeviceError> {
+pub(crate) fn bind(ctx: sys::CUcontext) -> Result<(), DeviceError> {
     match result::ctx::get_current() {
         Ok(Some(current)) if current == ctx => Ok(()),
         _ => {
@@ -195,7 +195,7 @@ pub(super) fn driver_library() -> Option<&'static libloading::Library> {
 
 /// The first of `names` that the driver library does not export (all of them
 /// when there is no driver library).
-pub(super) fn first_missing_symbol(names: &[&'static str]) -> Option<&'static str> {
+pub(crate) fn first_missing_symbol(names: &[&'static str]) -> Option<&'static str> {
     let Some(lib) = driver_library() else {
         return names.first().copied();
     };

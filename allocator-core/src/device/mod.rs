@@ -21,7 +21,7 @@ mod host;
 mod simulated;
 
 #[cfg(feature = "cuda")]
-mod cuda;
+pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_pool;
 
