@@ -15,6 +15,8 @@
 //! ns). With a budget, a run whose overhead exceeds the thrash limit (2.0) stops as
 //! [`ReplayStatus::Thrash`]; an impossible budget is [`ReplayStatus::Oom`].
 
+/// The budget curve of one step: overheads from the peak down to the floor.
+pub mod advise;
 /// Sweeps over traces, ratios, policies and budget modes.
 pub mod sweep;
 
@@ -268,13 +270,20 @@ pub fn replay(
     drive(
         &[(trace, baseline_ns)],
         &unbounded,
-        Runtime::new(unbounded.config.clone())?,
+        &mut Runtime::new(unbounded.config.clone())?,
         Some(&mut recorder),
+        false,
     )?;
     let (policy, mut tracker) = oracle::policy(kind, recorder.into_future());
     let memory = crate::runtime::memory_model(&opts.config)?;
-    let rt = Runtime::with_parts(opts.config.clone(), memory, Box::new(policy));
-    drive(&[(trace, baseline_ns)], opts, rt, Some(&mut tracker))
+    let mut rt = Runtime::with_parts(opts.config.clone(), memory, Box::new(policy));
+    drive(
+        &[(trace, baseline_ns)],
+        opts,
+        &mut rt,
+        Some(&mut tracker),
+        false,
+    )
 }
 
 /// Replay a training run whose iterations need not repeat: iteration `k` runs
@@ -323,16 +332,17 @@ pub fn replay_sequence(
     } else {
         config
     };
-    let rt = Runtime::new(config)?;
-    drive(iterations, opts, rt, None)
+    let training = opts.iterations > 1;
+    drive(iterations, opts, &mut Runtime::new(config)?, None, training)
 }
 
 /// The replay loop over runtime `rt`: iteration `k` runs `seq[k]`'s trace, its
 /// Σ TIME the overhead denominator (`seq` has [`ReplayOptions::iterations`]
 /// entries). `tracker` numbers storages, records reads and follows the
-/// position for an oracle policy.
+/// position for an oracle policy. `training` (K > 1, or the first step of
+/// such a replay alone, [`first_step`]) selects the rules below.
 ///
-/// With [`ReplayOptions::iterations`] = K > 1 the traces run one after another on one
+/// With [`ReplayOptions::iterations`] = K > 1 (`training`) the traces run one after another on one
 /// runtime: constants persist (a `CONSTANT` whose name is still bound is not put
 /// again), every other name is released at the end of an iteration, and
 /// [`Runtime::end_iteration`] separates the iterations. The first iteration stops
@@ -341,8 +351,9 @@ pub fn replay_sequence(
 fn drive(
     seq: &[(&Trace, u64)],
     opts: &ReplayOptions,
-    mut rt: Runtime<()>,
+    rt: &mut Runtime<()>,
     mut tracker: Option<&mut Tracker>,
+    training: bool,
 ) -> Result<ReplayReport, ReplayError> {
     debug_assert_eq!(seq.len(), opts.iterations, "one trace per iteration");
     let started = Instant::now();
@@ -369,7 +380,7 @@ fn drive(
     };
     for (iteration, &(trace, baseline_ns)) in seq.iter().enumerate() {
         let ins = &trace.instructions;
-        let factor = if opts.iterations > 1 && iteration == 0 {
+        let factor = if training && iteration == 0 {
             FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
         } else {
             opts.thrash_limit
@@ -400,7 +411,7 @@ fn drive(
                     } else {
                         rt.put((), bytes).map(|t| {
                             if let Some(tr) = tracker.as_deref_mut() {
-                                tr.created(&rt, t);
+                                tr.created(rt, t);
                             }
                             constants.insert(name.as_str());
                             names.insert(name.as_str(), t);
@@ -449,7 +460,7 @@ fn drive(
                         ops.push(Arc::new(TraceOp(ops.len())));
                     }
                     if let Some(tr) = tracker.as_deref_mut() {
-                        tr.read(&rt, &inputs);
+                        tr.read(rt, &inputs);
                     }
                     rt.apply(ops[fresh].clone(), &inputs, &specs, *time_ns)
                         .and_then(|outs| {
@@ -457,11 +468,11 @@ fn drive(
                                 if let (Some(tr), OutputSpec::Fresh { .. }) =
                                     (tracker.as_deref_mut(), spec)
                                 {
-                                    tr.created(&rt, t);
+                                    tr.created(rt, t);
                                 }
                                 // A result that rebinds a name drops the old tensor.
                                 if let Some(old) = names.insert(r.as_str(), t) {
-                                    if opts.iterations > 1 {
+                                    if training {
                                         constants.remove(r.as_str());
                                         rt.release(old)?;
                                     }
@@ -491,7 +502,7 @@ fn drive(
                         ops.push(Arc::new(TraceOp(ops.len())));
                     }
                     if let Some(tr) = tracker.as_deref_mut() {
-                        tr.read(&rt, &inputs);
+                        tr.read(rt, &inputs);
                     }
                     rt.mutate(ops[storages.len()].clone(), &inputs, mutate, *time_ns)
                         .map(|()| {
@@ -502,7 +513,7 @@ fn drive(
                                     if let Ok(s) = rt.storage_of(inputs[k]) {
                                         if !seen.contains(&s) {
                                             seen.push(s);
-                                            tr.created(&rt, inputs[k]);
+                                            tr.created(rt, inputs[k]);
                                         }
                                     }
                                 }
@@ -513,7 +524,7 @@ fn drive(
                     let t = get(&names, i, src)?;
                     rt.retain(t)
                         .and_then(|()| match names.insert(dst.as_str(), t) {
-                            Some(old) if opts.iterations > 1 => {
+                            Some(old) if training => {
                                 constants.remove(dst.as_str());
                                 rt.release(old)
                             }
@@ -573,7 +584,7 @@ fn drive(
             // iterations, names do not); one iteration by tensor id, as the
             // published single-iteration figures were measured.
             let mut named: Vec<(&str, TensorId)> = names.iter().map(|(n, t)| (*n, *t)).collect();
-            if opts.iterations > 1 {
+            if training {
                 named.sort_unstable_by_key(|(n, _)| *n);
             } else {
                 named.sort_unstable_by_key(|(_, t)| *t);
@@ -581,7 +592,7 @@ fn drive(
             let live: Vec<TensorId> = named.into_iter().map(|(_, t)| t).collect();
             if let Some(tr) = tracker.as_deref_mut() {
                 tr.at(ins.len(), rt.stats().compute_ns);
-                tr.read(&rt, &live);
+                tr.read(rt, &live);
             }
             for t in live {
                 rt.access(t)?;
@@ -646,7 +657,7 @@ fn drive(
     let budget = opts.config.budget;
     let (trace, baseline_ns) = seq[0];
     let last = rows.last().cloned();
-    let overhead = if opts.iterations > 1 {
+    let overhead = if training {
         last.as_ref().map_or(1.0, |r| r.overhead)
     } else if baseline_ns == 0 {
         1.0
@@ -685,6 +696,73 @@ fn drive(
         iterations: rows,
         steady_overhead,
     })
+}
+
+/// The smallest budget (bytes, in `config`'s budget mode) under which `trace`,
+/// as a training step, replays at a cost of at most `max_overhead` times its
+/// compute: [`Runtime::min_feasible_budget`] of the trace recorded once
+/// without a budget (the first step at the answer runs online within
+/// [`FIRST_ITERATION_LIMIT`], the steps after it follow a plan within
+/// `max_overhead`). `config`'s budget is ignored; its mode, policy and
+/// planner settings are used. `Ok(None)`: no budget replays it (a trace whose
+/// ops cannot be placed at all).
+///
+/// Errors: `max_overhead` not a finite number ≥ 1
+/// ([`Error::InvalidArgument`] inside [`ReplayError::Runtime`]), a trace that
+/// does not replay ([`ReplayError::UnknownName`]).
+pub fn min_feasible_budget(
+    trace: &Trace,
+    config: &DtrConfig,
+    max_overhead: f64,
+) -> Result<Option<u64>, ReplayError> {
+    let mut config = config.clone();
+    config.budget = None;
+    let baseline_ns = remat_trace::baseline(trace)?.compute_ns;
+    let mut rt = Runtime::new(config.clone())?;
+    rt.record_iterations();
+    let opts = ReplayOptions {
+        config,
+        ..ReplayOptions::unbounded()
+    };
+    if !(max_overhead.is_finite() && max_overhead >= 1.0) {
+        return Err(Error::InvalidArgument {
+            name: "max_overhead",
+            value: max_overhead.to_string(),
+            expected: "a finite number ≥ 1.0",
+        }
+        .into());
+    }
+    drive(&[(trace, baseline_ns)], &opts, &mut rt, None, false)?;
+    rt.end_iteration()?;
+    let rec = rt
+        .last_recording()
+        .cloned()
+        .ok_or_else(|| Error::Internal("the trace's replay was not recorded".into()))?;
+    Ok(crate::planner::min_feasible_budget(
+        &Arc::new(rec),
+        &opts.config,
+        max_overhead,
+    )?)
+}
+
+/// The first step of a training replay ([`ReplayOptions::iterations`] > 1)
+/// alone, under `config` (its budget, plan-ahead as configured): it runs
+/// online, is stopped past [`FIRST_ITERATION_LIMIT`] × its compute, and no
+/// plan is made after it. Its status says whether a training run at this
+/// budget gets past its first step: cheaper than the run (no planning), for
+/// searches over budgets.
+pub fn first_step(
+    trace: &Trace,
+    config: &DtrConfig,
+    baseline_ns: u64,
+) -> Result<ReplayReport, ReplayError> {
+    let opts = ReplayOptions {
+        config: config.clone(),
+        thrash_limit: FIRST_ITERATION_LIMIT.max(2.0),
+        ..ReplayOptions::unbounded()
+    };
+    let mut rt = Runtime::new(config.clone())?;
+    drive(&[(trace, baseline_ns)], &opts, &mut rt, None, true)
 }
 
 /// Replay `trace` at `ratio` × its unbounded peak (`remat_trace::baseline`).
