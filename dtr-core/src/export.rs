@@ -14,13 +14,13 @@
 //! | [`Event::Mutate`] | `MUTATE` |
 //! | [`Event::Retain`] | `COPY` to a new name |
 //! | [`Event::Release`] | `RELEASE` of one of the tensor's names |
-//! | [`Event::Access`], `Pin`, `Unpin`, `Evict`, `MakeRoot(s)` | nothing: the format has no such lines |
+//! | [`Event::Access`]; [`Event::Pin`]s in a row | a read: `CALL` [`READ`] of the tensors, no result, `TIME` 0 (a framework's backward reads its saved activations this way: Candle pins them) |
+//! | `Unpin`, `Evict`, `MakeRoot(s)` | nothing: the format has no such lines |
 //!
 //! Replayed without a budget the trace gives the iteration's peak of live
 //! bytes and its compute (Σ of the recorded costs) exactly. What the format
-//! cannot say: reads outside ops (a budgeted replay reads the outputs at the
-//! end only), pins, and ops that may not be replayed (every `CALL` is
-//! replayable in a trace).
+//! cannot say: how long a pin lasts (a read is a moment), and ops that may
+//! not be replayed (every `CALL` is replayable in a trace).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -246,12 +246,28 @@ impl Recording {
                         .ok_or_else(|| bad_ref(&format!("event {at} (release)"), *r, LIVE))?;
                     out.push(Instruction::Release { name: n });
                 }
-                Event::Access(_)
-                | Event::Pin(_)
-                | Event::Unpin(_)
-                | Event::Evict(_)
-                | Event::MakeRoot(_)
-                | Event::MakeRoots(_) => {}
+                Event::Access(r) => {
+                    let arg = first_name(&tensors, at, *r, "a read")?;
+                    out.push(read(vec![arg]));
+                }
+                Event::Pin(r) => {
+                    // Pins in a row (an op's inputs, pinned together for a
+                    // computation the runtime does not see): one read of all.
+                    let arg = first_name(&tensors, at, *r, "a pin")?;
+                    match out.last_mut() {
+                        Some(Instruction::Call { op, args, .. })
+                            if op == READ
+                                && matches!(
+                                    self.events.get(at.wrapping_sub(1)),
+                                    Some(Event::Pin(_))
+                                ) =>
+                        {
+                            args.push(arg)
+                        }
+                        _ => out.push(read(vec![arg])),
+                    }
+                }
+                Event::Unpin(_) | Event::Evict(_) | Event::MakeRoot(_) | Event::MakeRoots(_) => {}
             }
         }
         let trace = Trace {
@@ -260,6 +276,20 @@ impl Recording {
         };
         // Checked as a parsed file is (every name bound, every result sized).
         Ok(Trace::parse(name, &trace.to_jsonl())?)
+    }
+}
+
+/// The op name of a read: a `CALL` of no cost and no result, whose
+/// arguments must be resident together (a budgeted replay rematerializes
+/// them, as the runtime did for an access or a pin).
+pub const READ: &str = "remat::read";
+
+fn read(args: Vec<String>) -> Instruction {
+    Instruction::Call {
+        op: READ.to_string(),
+        args,
+        results: Vec::new(),
+        time_ns: 0,
     }
 }
 

@@ -82,7 +82,7 @@ pub struct Advice {
     /// Σ of the step's op costs (ns).
     pub compute_ns: u64,
     /// The smallest budget at which the step trains (it finishes, and the
-    /// steady step costs at most [`AdviseSpec::max_overhead`]), to 1 % of the
+    /// steady step costs at most [`AdviseSpec::max_overhead`]), to 2 % of the
     /// peak (see [`advise`]); `None` when not even the peak does.
     pub floor_bytes: Option<u64>,
     /// The floor's bound on the steady overhead ([`AdviseSpec::max_overhead`]).
@@ -117,7 +117,7 @@ fn trains(row: &AdviceRow, max_overhead: f64) -> bool {
 }
 
 /// The floor search stops when its bracket is this share of the peak.
-const FLOOR_PRECISION: f64 = 0.01;
+const FLOOR_PRECISION: f64 = 0.02;
 
 /// The budget curve of `trace` under `spec`. `progress(done, total)` is
 /// called after each run (from worker threads, one call at a time; `total`
@@ -125,7 +125,7 @@ const FLOOR_PRECISION: f64 = 0.01;
 ///
 /// The floor is the replayer's own: the smallest budget at which the same
 /// runs train (they finish, and the steady step costs at most
-/// [`AdviseSpec::max_overhead`]), to 1 % of the peak. It is searched in two
+/// [`AdviseSpec::max_overhead`]), to 2 % of the peak. It is searched in two
 /// steps, several budgets of each round on the worker threads: the smallest
 /// budget whose first step finishes ([`first_step`], no planning: cheap),
 /// between the constants' bytes and the peak; then, if whole runs do not
