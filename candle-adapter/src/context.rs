@@ -678,6 +678,30 @@ impl Remat {
         Ok(trace)
     }
 
+    /// The budget curve of the last recorded step: how much memory it can
+    /// save, and at what cost. The step (as [`Remat::export_trace`] writes
+    /// it) is replayed as `spec.iterations` training iterations with
+    /// plan-ahead over a grid of budgets from its peak down to its floor, on
+    /// `spec.threads` threads (remat-dtr's
+    /// [`advise`](remat_dtr::replay::advise::advise); `remat advise` on the
+    /// exported file prints the same). The runtime is not held meanwhile.
+    ///
+    /// Errors (typed): no step recorded whole yet, or a spec out of range
+    /// (fewer than 2 points or iterations, `max_overhead` below 1).
+    pub fn advise(
+        &self,
+        spec: &remat_dtr::replay::advise::AdviseSpec,
+    ) -> Result<remat_dtr::replay::advise::Advice> {
+        let trace = self.inner.lock()?.export_trace("step").c()?;
+        remat_dtr::replay::advise::advise(&trace, spec, |_, _| {}).map_err(|e| {
+            Error::Unsupported {
+                op: "Remat::advise",
+                message: e.to_string(),
+            }
+            .into()
+        })
+    }
+
     /// Release handles dropped while the runtime was busy.
     pub fn flush(&self) -> Result<()> {
         drop(self.inner.lock()?);
