@@ -277,6 +277,16 @@ impl<B: BackendIr> DtrClient<B> {
     pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
         Ok(self.lock().rt.min_feasible_budget(max_overhead)?)
     }
+
+    /// Write the last recorded step to `path` as a trace in the DTR paper's
+    /// format (see [`remat_dtr::Recording::to_trace`]); returns the trace,
+    /// named after the file up to its first `-`.
+    pub fn export_trace(&self, path: &std::path::Path) -> Result<remat_dtr::trace::Trace> {
+        let name = remat_dtr::trace::Trace::name_of(path);
+        let trace = self.lock().rt.export_trace(&name)?;
+        remat_dtr::export::write_trace(&trace, path)?;
+        Ok(trace)
+    }
 }
 
 impl<B: BackendIr> State<B> {

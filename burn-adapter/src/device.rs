@@ -183,6 +183,23 @@ impl<B: BackendIr> DtrDevice<B> {
         get_client::<DtrChannel<B>>(self).min_feasible_budget(max_overhead)
     }
 
+    /// Write the last recorded step to `path` as a trace in the DTR paper's
+    /// format: its ops under their names with their measured costs, output
+    /// sizes, views (`ALIAS`), releases, and the parameters and inputs as
+    /// constants (see [`remat_dtr::Recording::to_trace`]). `remat replay`,
+    /// `remat plan` and `remat advise` run on the file. Returns the trace
+    /// written. Record first ([`DtrDevice::record_iterations`] without a
+    /// budget), then end a step ([`DtrDevice::end_iteration`]).
+    ///
+    /// Errors: [`remat_dtr::Error::NotRecorded`] before a recorded step ends,
+    /// [`remat_dtr::Error::TraceWrite`] naming a path that cannot be written.
+    pub fn export_trace(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<remat_dtr::trace::Trace> {
+        get_client::<DtrChannel<B>>(self).export_trace(path.as_ref())
+    }
+
     /// End a training step (see [`DtrClient::end_iteration`](crate::DtrClient::end_iteration));
     /// [`Sealing`](crate::Sealing) calls it after each optimizer step, after the seal.
     pub fn end_iteration(&self) -> Result<remat_dtr::IterationReport> {

@@ -639,6 +639,69 @@ impl Remat {
         self.inner.lock()?.min_feasible_budget(max_overhead).c()
     }
 
+    /// Write the last recorded step to `path` as a trace in the DTR paper's
+    /// format (remat-dtr's [`Recording::to_trace`](remat_dtr::Recording::to_trace)):
+    /// its ops under their names with their measured costs, output sizes,
+    /// views (`ALIAS`), releases, and the parameters and inputs as constants.
+    /// `remat replay`, `remat plan` and `remat advise` run on the file, and it
+    /// can go with a bug report. Returns the trace written (named after the
+    /// file, up to its first `-`).
+    ///
+    /// Record first: without a budget call [`Remat::record_iterations`]
+    /// before the steps (with a budget they are recorded anyway), then run a
+    /// step and end it ([`Remat::end_iteration`], or an optimizer's
+    /// `backward_step`).
+    ///
+    /// ```no_run
+    /// # use remat_candle::Remat;
+    /// # fn step(_: &Remat) -> remat_candle::Result<()> { Ok(()) }
+    /// # fn main() -> remat_candle::Result<()> {
+    /// let remat = Remat::unbounded()?;
+    /// remat.record_iterations()?;
+    /// step(&remat)?;
+    /// remat.end_iteration()?;
+    /// remat.export_trace("my-model.log")?; // then: remat advise my-model.log
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors (typed, see [`crate::Error`]): no step recorded whole yet
+    /// ([`remat_dtr::Error::NotRecorded`], saying what to call), or the file
+    /// cannot be written ([`remat_dtr::Error::TraceWrite`], naming it).
+    pub fn export_trace(
+        &self,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<remat_dtr::trace::Trace> {
+        let path = path.as_ref();
+        let name = remat_dtr::trace::Trace::name_of(path);
+        let trace = self.inner.lock()?.export_trace(&name).c()?;
+        remat_dtr::export::write_trace(&trace, path).c()?;
+        Ok(trace)
+    }
+
+    /// The budget curve of the last recorded step: how much memory it can
+    /// save, and at what cost. The step (as [`Remat::export_trace`] writes
+    /// it) is replayed as `spec.iterations` training iterations with
+    /// plan-ahead over a grid of budgets from its peak down to its floor, on
+    /// `spec.threads` threads (remat-dtr's
+    /// [`advise`](remat_dtr::replay::advise::advise); `remat advise` on the
+    /// exported file prints the same). The runtime is not held meanwhile.
+    ///
+    /// Errors (typed): no step recorded whole yet, or a spec out of range
+    /// (fewer than 2 points or iterations, `max_overhead` below 1).
+    pub fn advise(
+        &self,
+        spec: &remat_dtr::replay::advise::AdviseSpec,
+    ) -> Result<remat_dtr::replay::advise::Advice> {
+        let trace = self.inner.lock()?.export_trace("step").c()?;
+        remat_dtr::replay::advise::advise(&trace, spec, |_, _| {}).map_err(|e| {
+            Error::Unsupported {
+                op: "Remat::advise",
+                message: e.to_string(),
+            }
+            .into()
+        })
+    }
+
     /// Release handles dropped while the runtime was busy.
     pub fn flush(&self) -> Result<()> {
         drop(self.inner.lock()?);

@@ -8,7 +8,8 @@
 //! failures are the typed [`Error`] (an impossible budget with its figures, a
 //! context mismatch, an unsupported argument). They travel inside
 //! `candle_core::Error::WrappedContext` (candle's variant for a boxed
-//! `std::error::Error`), and [`Error::downcast_ref`] / [`Error::downcast`] (or the
+//! `std::error::Error`; its context text is [`Error::hint`], so candle prints the
+//! error, then what to do about it), and [`Error::downcast_ref`] / [`Error::downcast`] (or the
 //! [`CandleErrorExt`] methods on candle's error) recover them, through any
 //! `.context(..)`, `.bt()` or `.with_path(..)` layers added on the way.
 //!
@@ -28,9 +29,6 @@ pub type Result<T, E = candle_core::Error> = std::result::Result<T, E>;
 
 /// `Result` with the typed [`Error`], used inside the crate.
 pub(crate) type Typed<T> = std::result::Result<T, Error>;
-
-/// The context string of the `WrappedContext` layer that carries an [`Error`].
-const CONTEXT: &str = "remat-candle";
 
 /// Every error `remat-candle` raises itself. Public functions return it inside a
 /// `candle_core::Error` (see the module doc); recover it with
@@ -79,6 +77,34 @@ impl Error {
             message: message.into(),
         }
         .into()
+    }
+
+    /// What to do about this error, one line: the context text of the
+    /// `WrappedContext` layer that carries it in candle's error. candle prints
+    /// that layer as the error, then this text on a second line.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            Error::Candle(_) => "remat-candle: a candle op failed",
+            Error::Dtr(remat_dtr::Error::ImpossibleBudget(_)) => {
+                "remat-candle: the step does not fit this budget; raise it \
+                 (Remat::min_feasible_budget gives the smallest that fits)"
+            }
+            Error::Dtr(remat_dtr::Error::DeviceOutOfMemory(_)) => {
+                "remat-candle: the device ran out of memory with nothing left to evict; \
+                 set a budget below the device's free memory"
+            }
+            Error::Dtr(remat_dtr::Error::ComputeLimit { .. }) => {
+                "remat-candle: the budget makes the step thrash; raise it"
+            }
+            Error::Dtr(_) => "remat-candle: raised by the DTR runtime (remat-dtr)",
+            Error::ContextMismatch { .. } => {
+                "remat-candle: build the tensors of one model in one Remat context"
+            }
+            Error::Unsupported { .. } => {
+                "remat-candle: docs/candle.md lists what is not covered and what to do instead"
+            }
+            Error::Poisoned => "remat-candle: create a new Remat context",
+        }
     }
 
     /// True when this is an impossible budget reported by the DTR runtime.
@@ -140,10 +166,13 @@ impl From<Error> for candle_core::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Candle(c) => c,
-            other => candle_core::Error::WrappedContext {
-                wrapped: Box::new(other),
-                context: CONTEXT.into(),
-            },
+            other => {
+                let context = other.hint().into();
+                candle_core::Error::WrappedContext {
+                    wrapped: Box::new(other),
+                    context,
+                }
+            }
         }
     }
 }

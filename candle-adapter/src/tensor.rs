@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use candle_core::backprop::GradStore;
 use candle_core::op::CmpOp;
-use candle_core::shape::{Dim, Dims};
+use candle_core::shape::{Dim, Dims, ShapeWithOneHole};
 use candle_core::{DType, Device, Shape, Tensor, WithDType, D};
 use remat_dtr::{StorageId, TensorId};
 
@@ -26,6 +26,7 @@ use crate::graph::{apply, apply_native, escape};
 mod binary;
 mod compare;
 mod conv;
+mod convert;
 mod indexing;
 mod unary;
 
@@ -347,7 +348,7 @@ impl RTensor {
     // ----- views --------------------------------------------------------------------
 
     /// Reshape (a view when contiguous, else a contiguous copy first).
-    pub fn reshape<S: candle_core::shape::ShapeWithOneHole>(&self, s: S) -> Result<RTensor> {
+    pub fn reshape<S: ShapeWithOneHole>(&self, s: S) -> Result<RTensor> {
         let base = self.contiguous()?;
         base.view(|t| t.reshape(s))
     }
@@ -648,16 +649,19 @@ impl RTensor {
     pub fn new<A: candle_core::NdArray>(array: A, device: &Device) -> Result<RTensor> {
         Remat::current()?.input(&Tensor::new(array, device)?)
     }
-    /// candle's `Tensor::from_vec`, in the current context.
-    pub fn from_vec<S: Into<Shape>, V: WithDType>(
+    /// candle's `Tensor::from_vec`, in the current context. `shape` is any
+    /// of candle's shapes, one dimension of which may be a hole `()` that the
+    /// length of `data` fills (`(b, ())`).
+    pub fn from_vec<S: ShapeWithOneHole, V: WithDType>(
         data: Vec<V>,
         shape: S,
         device: &Device,
     ) -> Result<RTensor> {
         Remat::current()?.input(&Tensor::from_vec(data, shape, device)?)
     }
-    /// candle's `Tensor::from_slice`, in the current context.
-    pub fn from_slice<S: Into<Shape>, V: WithDType>(
+    /// candle's `Tensor::from_slice`, in the current context; `shape` may
+    /// have one hole `()` (as for [`RTensor::from_vec`]).
+    pub fn from_slice<S: ShapeWithOneHole, V: WithDType>(
         data: &[V],
         shape: S,
         device: &Device,

@@ -249,6 +249,17 @@ pub enum Error {
         /// Why, and what to call.
         why: &'static str,
     },
+    /// A trace does not parse or replay (see [`crate::export`]).
+    #[error("trace: {0}")]
+    Trace(#[from] remat_trace::TraceError),
+    /// A trace file could not be written ([`crate::export::write_trace`]).
+    #[error("cannot write trace {}: {source}", path.display())]
+    TraceWrite {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// Broken invariant: a bug in remat-dtr.
     #[error("internal error: {0} (this is a bug)")]
     Internal(String),

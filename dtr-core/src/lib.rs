@@ -29,6 +29,7 @@
 //! |---|---|
 //! | [`runtime`] | [`Runtime`]: the interpreter primitives, fake/real delete, regeneration, eviction loop, invariants; `runtime/iteration/`: boundaries, the recorder, the plan follower, the online rescues |
 //! | [`record`] | the recorder's format: [`Event`]s of one iteration, [`Ref`] names, the [`Boundary`] it starts from |
+//! | [`export`] | a [`Recording`] as a trace in the DTR paper's format ([`Recording::to_trace`], [`export::write_trace`]): a user's own step for `remat replay` / `plan` / `advise` |
 //! | [`planner`] | plan-ahead: replay a [`Recording`] offline under the budget with a portfolio, place the winner in one arena |
 //! | [`plan`] | the plan the runtime follows: [`IterationPlan`], its eviction steps and offsets |
 //! | [`memory`] | [`MemoryModel`], [`Slot`], [`BlockView`] and the three models: [`LogicalBudget`] (`memory::logical`), [`PhysicalBudget`] (`memory::physical`), [`ArenaMemory`] (`memory::arena`) |
@@ -96,7 +97,8 @@
 //! both, the planner drives the same `Runtime` code over `()` values, and the
 //! executor's steps name storages by the sequence numbers both paths assign.
 //! Among the data modules the arrows go one way: `record` (the recording's
-//! types) ← `plan` (the plan's types) ← `planner`, and `memory`, `policy`
+//! types) ← `plan` (the plan's types) ← `planner`, `record` ← `export`
+//! (which writes a recording with `remat-trace`, as `replay` reads one), and `memory`, `policy`
 //! (with `policy::oracle`, the future-reading policies of the planner's
 //! portfolio) ← `runtime` ← `planner` ← `replay`. Nothing in the library calls
 //! `replay`: it is a leaf for the command line, benches and tests. The
@@ -116,6 +118,7 @@
 
 pub mod config;
 pub mod error;
+pub mod export;
 mod graph;
 pub mod ids;
 pub mod memory;
@@ -155,5 +158,9 @@ pub use plan::IterationPlan;
 pub use policy::{make_policy, DecisionView, EvictionPolicy, Request};
 pub use record::{Boundary, CarryRefusal, Event, Recording, Ref};
 pub use remat_alloc::AllocatorConfig;
+/// remat-trace, at the version this crate is built with: the format
+/// [`Recording::to_trace`] writes and [`replay`] reads
+/// (`remat_dtr::trace::Trace`).
+pub use remat_trace as trace;
 pub use runtime::Runtime;
 pub use stats::{IterationReport, PlanStatus, PlanSummary, RuntimeStats, StartDiff};

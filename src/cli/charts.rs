@@ -197,3 +197,135 @@ pub fn timeline_chart(r: &ReplayReport) -> ChartResult<String> {
     }
     Ok(svg)
 }
+
+/// SVG: the budget curve of `remat advise`: the first step's and the steady
+/// step's overhead against the budget (as a fraction of the peak), the floor
+/// as a dashed line with the budgets below it shaded, runs that ended `oom`
+/// or `thrash` as crosses on the top edge.
+pub fn advice_chart(a: &remat_dtr::replay::advise::Advice) -> ChartResult<String> {
+    use super::advise::human;
+    let peak = a.peak_bytes.max(1) as f64;
+    let floor_ratio = a.floor_bytes.map(|f| f as f64 / peak);
+    let lowest = (a.rows.iter().map(|r| r.ratio))
+        .chain(floor_ratio)
+        .fold(1.0f64, f64::min);
+    // A little room left of the lowest budget, on a tenth.
+    let x_min = ((lowest - 0.05) * 10.0).floor().max(0.0) / 10.0;
+    let highest = (a.rows.iter())
+        .flat_map(|r| [r.first_overhead, r.steady_overhead])
+        .flatten()
+        .fold(1.0f64, f64::max);
+    let y_max = (highest.min(OVERHEAD_TOP * 2.0) * 1.1).max(1.25);
+    let failed = |r: &&remat_dtr::replay::advise::AdviceRow| r.status != ReplayStatus::Ok;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (800, 480)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "{}: overhead vs budget ({} budget, peak {})",
+                    a.trace,
+                    a.budget_mode.name(),
+                    human(a.peak_bytes)
+                ),
+                ("sans-serif", 18),
+            )
+            .margin(14)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x_min..1.0f64, 1.0f64..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc(format!(
+                "budget / unbudgeted peak ({} = 1.0)",
+                human(a.peak_bytes)
+            ))
+            .y_desc("overhead: (compute + recompute) / compute")
+            .x_labels(11)
+            .y_labels(8)
+            .x_label_formatter(&|x| format!("{x:.1}"))
+            .y_label_formatter(&|y| format!("{y:.2}×"))
+            .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
+            .draw()?;
+        if let Some(f) = floor_ratio {
+            let grey = RGBColor(0x99, 0x99, 0x99);
+            let shade = RGBColor(0xe8, 0xe8, 0xe8);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x_min, 1.0), (f.max(x_min), y_max)],
+                    shade.filled(),
+                )))?
+                .label(format!(
+                    "below the floor: does not train within {:.1}×",
+                    a.max_overhead
+                ))
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 20, y + 5)], shade.filled())
+                });
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(f, 1.0), (f, y_max)],
+                    6,
+                    4,
+                    grey.stroke_width(2),
+                ))?
+                .label(format!(
+                    "floor: {} ({f:.2} of peak)",
+                    human(a.floor_bytes.unwrap_or(0))
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(2))
+                });
+        }
+        let steady = PALETTE[1];
+        let first = RGBColor(0xff, 0x7f, 0x0e);
+        let line = |f: fn(&remat_dtr::replay::advise::AdviceRow) -> Option<f64>| {
+            let mut v: Vec<(f64, f64)> = (a.rows.iter())
+                .filter_map(|r| f(r).map(|o| (r.ratio, o.min(y_max))))
+                .collect();
+            v.sort_by(|p, q| p.0.total_cmp(&q.0));
+            v
+        };
+        let first_pts = line(|r| r.first_overhead);
+        chart
+            .draw_series(LineSeries::new(first_pts.clone(), first.stroke_width(2)))?
+            .label("first step (online)")
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], first.stroke_width(2))
+            });
+        chart.draw_series(first_pts.iter().map(|&p| Circle::new(p, 3, first.filled())))?;
+        let steady_pts = line(|r| r.steady_overhead);
+        chart
+            .draw_series(LineSeries::new(steady_pts.clone(), steady.stroke_width(3)))?
+            .label("steady step (planned)")
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], steady.stroke_width(3))
+            });
+        chart.draw_series(
+            steady_pts
+                .iter()
+                .map(|&p| Circle::new(p, 4, steady.filled())),
+        )?;
+        let red = PALETTE[0];
+        if a.rows.iter().any(|r| failed(&r)) {
+            chart
+                .draw_series(
+                    (a.rows.iter().filter(failed))
+                        .map(|r| Cross::new((r.ratio, y_max), 5, red.stroke_width(2))),
+                )?
+                .label("did not train (oom / thrash)")
+                .legend(move |(x, y)| Cross::new((x + 10, y), 5, red.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(0xbb, 0xbb, 0xbb))
+            .label_font(("sans-serif", 13))
+            .draw()?;
+        root.present()?;
+    }
+    Ok(svg)
+}

@@ -1,5 +1,6 @@
 //! Subcommands of the `remat` binary, one module each.
 
+pub mod advise;
 mod charts;
 mod config;
 mod demo;
@@ -19,6 +20,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// How much memory a training step can save, and at what cost: replays
+    /// a trace as training iterations over budgets from its peak down to its
+    /// floor and prints the overhead curve.
+    Advise(Box<advise::AdviseArgs>),
     /// Allocator configuration (REMAT_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF syntax).
     #[command(subcommand)]
     Config(config::ConfigCommand),
@@ -35,6 +40,7 @@ enum Command {
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
+        Command::Advise(a) => advise::run(*a),
         Command::Config(c) => config::run(c),
         Command::Demo(a) => demo::run(a),
         Command::Plan(a) => plan::run(a),

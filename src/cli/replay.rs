@@ -87,7 +87,8 @@ pub struct ReplayArgs {
     pub out: PathBuf,
 }
 
-fn load(name: &str) -> Result<Trace, Box<dyn std::error::Error>> {
+/// The trace named `name` (a short name or a path).
+pub(crate) fn load(name: &str) -> Result<Trace, Box<dyn std::error::Error>> {
     let path = find_trace(name).ok_or_else(|| {
         format!("trace {name:?} not found (set REMAT_TRACES_DIR to the DTR-paper traces)")
     })?;

@@ -15,6 +15,8 @@
 //! ns). With a budget, a run whose overhead exceeds the thrash limit (2.0) stops as
 //! [`ReplayStatus::Thrash`]; an impossible budget is [`ReplayStatus::Oom`].
 
+/// The budget curve of one step: overheads from the peak down to the floor.
+pub mod advise;
 /// Sweeps over traces, ratios, policies and budget modes.
 pub mod sweep;
 
@@ -274,13 +276,20 @@ pub fn replay(
     drive(
         &[(trace, baseline_ns)],
         &unbounded,
-        Runtime::new(unbounded.config.clone())?,
+        &mut Runtime::new(unbounded.config.clone())?,
         Some(&mut recorder),
+        false,
     )?;
     let (policy, mut tracker) = oracle::policy(kind, recorder.into_future());
     let memory = crate::runtime::memory_model(&opts.config)?;
-    let rt = Runtime::with_parts(opts.config.clone(), memory, Box::new(policy));
-    drive(&[(trace, baseline_ns)], opts, rt, Some(&mut tracker))
+    let mut rt = Runtime::with_parts(opts.config.clone(), memory, Box::new(policy));
+    drive(
+        &[(trace, baseline_ns)],
+        opts,
+        &mut rt,
+        Some(&mut tracker),
+        false,
+    )
 }
 
 /// Replay a training run whose iterations need not repeat: iteration `k` runs
@@ -298,9 +307,10 @@ pub fn replay(
 /// [`FIRST_ITERATION_LIMIT`]; one that starts on a plan at
 /// [`ReplayOptions::thrash_limit`], even if it changed and left its plan.
 /// The report's `trace` and `baseline_compute_ns` are the first trace's;
-/// each row's overhead is over its own iteration's baseline. `opts.iterations` must equal `iterations.len()` (an error
-/// otherwise, rather than one of them silently ignored), and an oracle, which
-/// reads one trace's future, is refused.
+/// each row's overhead is over its own iteration's baseline.
+/// `opts.iterations` must equal `iterations.len()` (an error otherwise, rather
+/// than one of them silently ignored), and an oracle, which reads one trace's
+/// future, is refused.
 pub fn replay_sequence(
     iterations: &[(&Trace, u64)],
     opts: &ReplayOptions,
@@ -329,14 +339,14 @@ pub fn replay_sequence(
     } else {
         config
     };
-    let rt = Runtime::new(config)?;
-    drive(iterations, opts, rt, None)
+    let training = opts.iterations > 1;
+    drive(iterations, opts, &mut Runtime::new(config)?, None, training)
 }
 
 /// The replayer's state across the instructions of one run: the runtime, the
 /// trace names bound to its tensors, and the op handles by fresh-output count.
 struct Driver<'t, 'k> {
-    rt: Runtime<()>,
+    rt: &'k mut Runtime<()>,
     /// Numbers storages, records reads and follows the position for an
     /// oracle policy.
     tracker: Option<&'k mut Tracker>,
@@ -345,7 +355,9 @@ struct Driver<'t, 'k> {
     /// iterations.
     constants: AHashSet<&'t str>,
     ops: Vec<Arc<dyn OpHandle<()>>>,
-    /// More than one iteration: rebinding a name releases its old tensor.
+    /// A training replay (several iterations, or the first step of one
+    /// alone): rebinding a name releases its old tensor, and the outputs are
+    /// read by name.
     several: bool,
 }
 
@@ -384,7 +396,7 @@ impl<'t> Driver<'t, '_> {
                 } else {
                     self.rt.put((), bytes).map(|t| {
                         if let Some(tr) = self.tracker.as_deref_mut() {
-                            tr.created(&self.rt, t);
+                            tr.created(self.rt, t);
                         }
                         self.constants.insert(name.as_str());
                         self.names.insert(name.as_str(), t);
@@ -433,7 +445,7 @@ impl<'t> Driver<'t, '_> {
                     self.ops.push(Arc::new(TraceOp(self.ops.len())));
                 }
                 if let Some(tr) = self.tracker.as_deref_mut() {
-                    tr.read(&self.rt, &inputs);
+                    tr.read(self.rt, &inputs);
                 }
                 self.rt
                     .apply(self.ops[fresh].clone(), &inputs, &specs, *time_ns)
@@ -442,7 +454,7 @@ impl<'t> Driver<'t, '_> {
                             if let (Some(tr), OutputSpec::Fresh { .. }) =
                                 (self.tracker.as_deref_mut(), spec)
                             {
-                                tr.created(&self.rt, t);
+                                tr.created(self.rt, t);
                             }
                             // A result that rebinds a name drops the old tensor.
                             if let Some(old) = self.names.insert(r.as_str(), t) {
@@ -476,7 +488,7 @@ impl<'t> Driver<'t, '_> {
                     self.ops.push(Arc::new(TraceOp(self.ops.len())));
                 }
                 if let Some(tr) = self.tracker.as_deref_mut() {
-                    tr.read(&self.rt, &inputs);
+                    tr.read(self.rt, &inputs);
                 }
                 self.rt
                     .mutate(self.ops[storages.len()].clone(), &inputs, mutate, *time_ns)
@@ -488,7 +500,7 @@ impl<'t> Driver<'t, '_> {
                                 if let Ok(s) = self.rt.storage_of(inputs[k]) {
                                     if !seen.contains(&s) {
                                         seen.push(s);
-                                        tr.created(&self.rt, inputs[k]);
+                                        tr.created(self.rt, inputs[k]);
                                     }
                                 }
                             }
@@ -551,7 +563,7 @@ impl<'t> Driver<'t, '_> {
         let live: Vec<TensorId> = named.into_iter().map(|(_, t)| t).collect();
         if let Some(tr) = self.tracker.as_deref_mut() {
             tr.at(at, self.rt.stats().compute_ns);
-            tr.read(&self.rt, &live);
+            tr.read(self.rt, &live);
         }
         for t in live {
             self.rt.access(t)?;
@@ -581,11 +593,13 @@ impl<'t> Driver<'t, '_> {
 /// The replay loop over runtime `rt`: iteration `k` runs `seq[k]`'s trace, its
 /// Σ TIME the overhead denominator (`seq` has [`ReplayOptions::iterations`]
 /// entries). `tracker` numbers storages, records reads and follows the
-/// position for an oracle policy.
+/// position for an oracle policy. `training` (K > 1, or the first step of
+/// such a replay alone, [`first_step`]) selects the rules below.
 ///
-/// With [`ReplayOptions::iterations`] = K > 1 the traces run one after another on one
-/// runtime: constants persist (a `CONSTANT` whose name is still bound is not put
-/// again), every other name is released at the end of an iteration, and
+/// With [`ReplayOptions::iterations`] = K > 1 (`training`) the traces run one
+/// after another on one runtime: constants persist (a `CONSTANT` whose name is
+/// still bound is not put again), every other name is released at the end of
+/// an iteration, and
 /// [`Runtime::end_iteration`] separates the iterations. An iteration that starts
 /// without a plan (the first, and any after a boundary that planned nothing)
 /// runs online and stops as thrash only past [`FIRST_ITERATION_LIMIT`] ×
@@ -593,8 +607,9 @@ impl<'t> Driver<'t, '_> {
 fn drive(
     seq: &[(&Trace, u64)],
     opts: &ReplayOptions,
-    rt: Runtime<()>,
+    rt: &mut Runtime<()>,
     tracker: Option<&mut Tracker>,
+    training: bool,
 ) -> Result<ReplayReport, ReplayError> {
     debug_assert_eq!(seq.len(), opts.iterations, "one trace per iteration");
     let started = Instant::now();
@@ -604,7 +619,7 @@ fn drive(
         names: AHashMap::new(),
         constants: AHashSet::new(),
         ops: Vec::new(),
-        several: opts.iterations > 1,
+        several: training,
     };
     d.rt.record_decision_times(true);
     // Replays are deterministic: a background plan is taken at the first
@@ -620,7 +635,7 @@ fn drive(
         // An iteration of several that starts without a plan runs online, as
         // the first does, and is judged like it; one that starts on a plan is
         // held to the thrash limit (it knows its future).
-        let factor = if opts.iterations > 1 && !d.rt.following_plan() {
+        let factor = if training && !d.rt.following_plan() {
             FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
         } else {
             opts.thrash_limit
@@ -712,7 +727,7 @@ fn drive(
     let budget = opts.config.budget;
     let (trace, baseline_ns) = seq[0];
     let last = rows.last().cloned();
-    let overhead = if opts.iterations > 1 {
+    let overhead = if training {
         last.as_ref().map_or(1.0, |r| r.overhead)
     } else if baseline_ns == 0 {
         1.0
@@ -751,6 +766,73 @@ fn drive(
         iterations: rows,
         steady_overhead,
     })
+}
+
+/// The smallest budget (bytes, in `config`'s budget mode) under which `trace`,
+/// as a training step, replays at a cost of at most `max_overhead` times its
+/// compute: [`Runtime::min_feasible_budget`] of the trace recorded once
+/// without a budget (the first step at the answer runs online within
+/// [`FIRST_ITERATION_LIMIT`], the steps after it follow a plan within
+/// `max_overhead`). `config`'s budget is ignored; its mode, policy and
+/// planner settings are used. `Ok(None)`: no budget replays it (a trace whose
+/// ops cannot be placed at all).
+///
+/// Errors: `max_overhead` not a finite number ≥ 1
+/// ([`Error::InvalidArgument`] inside [`ReplayError::Runtime`]), a trace that
+/// does not replay ([`ReplayError::UnknownName`]).
+pub fn min_feasible_budget(
+    trace: &Trace,
+    config: &DtrConfig,
+    max_overhead: f64,
+) -> Result<Option<u64>, ReplayError> {
+    let mut config = config.clone();
+    config.budget = None;
+    let baseline_ns = remat_trace::baseline(trace)?.compute_ns;
+    let mut rt = Runtime::new(config.clone())?;
+    rt.record_iterations();
+    let opts = ReplayOptions {
+        config,
+        ..ReplayOptions::unbounded()
+    };
+    if !(max_overhead.is_finite() && max_overhead >= 1.0) {
+        return Err(Error::InvalidArgument {
+            name: "max_overhead",
+            value: max_overhead.to_string(),
+            expected: "a finite number ≥ 1.0",
+        }
+        .into());
+    }
+    drive(&[(trace, baseline_ns)], &opts, &mut rt, None, false)?;
+    rt.end_iteration()?;
+    let rec = rt
+        .last_recording()
+        .cloned()
+        .ok_or_else(|| Error::Internal("the trace's replay was not recorded".into()))?;
+    Ok(crate::planner::min_feasible_budget(
+        &Arc::new(rec),
+        &opts.config,
+        max_overhead,
+    )?)
+}
+
+/// The first step of a training replay ([`ReplayOptions::iterations`] > 1)
+/// alone, under `config` (its budget, plan-ahead as configured): it runs
+/// online, is stopped past [`FIRST_ITERATION_LIMIT`] × its compute, and no
+/// plan is made after it. Its status says whether a training run at this
+/// budget gets past its first step: cheaper than the run (no planning), for
+/// searches over budgets.
+pub fn first_step(
+    trace: &Trace,
+    config: &DtrConfig,
+    baseline_ns: u64,
+) -> Result<ReplayReport, ReplayError> {
+    let opts = ReplayOptions {
+        config: config.clone(),
+        thrash_limit: FIRST_ITERATION_LIMIT.max(2.0),
+        ..ReplayOptions::unbounded()
+    };
+    let mut rt = Runtime::new(config.clone())?;
+    drive(&[(trace, baseline_ns)], &opts, &mut rt, None, true)
 }
 
 /// Replay `trace` at `ratio` × its unbounded peak (`remat_trace::baseline`).

@@ -93,6 +93,29 @@ impl<V> Runtime<V> {
         })
     }
 
+    /// The last iteration recorded whole (see [`Runtime::record_iterations`]),
+    /// the one [`Runtime::min_feasible_budget`] answers for; `None` before one
+    /// has ended.
+    pub fn last_recording(&self) -> Option<&Recording> {
+        self.iter.recorder.last_recording.as_deref()
+    }
+
+    /// The last recorded iteration as a trace named `name`, in the DTR paper's
+    /// format ([`Recording::to_trace`]; write it with
+    /// [`crate::export::write_trace`]).
+    ///
+    /// Errors: [`Error::NotRecorded`] as for [`Runtime::min_feasible_budget`].
+    pub fn export_trace(&self, name: &str) -> Result<remat_trace::Trace> {
+        let rec = self.iter.recorder.last_recording.as_ref().ok_or_else(|| Error::NotRecorded {
+            why: if self.iter.recorder.recording.is_some() {
+                "no iteration has ended since recording started (call end_iteration after a step)"
+            } else {
+                "iterations are not recorded (set a budget with plan_ahead on, or call record_iterations)"
+            },
+        })?;
+        rec.to_trace(name)
+    }
+
     /// With [`DtrConfig::plan_background`](crate::DtrConfig::plan_background):
     /// whether a boundary waits for a background plan of the program that just
     /// ran again (`true`: the plan is taken at the first boundary after it was
