@@ -81,15 +81,21 @@ impl<V> Runtime<V> {
                 expected: "a finite number ≥ 1.0",
             });
         }
-        let rec = self.iter.recorder.last_recording.as_ref().ok_or_else(|| Error::NotRecorded {
+        let rec = self.recorded_whole()?;
+        crate::planner::min_feasible_budget(rec, &self.config, max_overhead)?.ok_or_else(|| {
+            Error::Internal("the recorded iteration does not replay under any budget".into())
+        })
+    }
+
+    /// The last iteration recorded whole, or why there is none
+    /// ([`Error::NotRecorded`]).
+    fn recorded_whole(&self) -> Result<&Arc<Recording>> {
+        self.iter.recorder.last_recording.as_ref().ok_or_else(|| Error::NotRecorded {
             why: if self.iter.recorder.recording.is_some() {
                 "no iteration has ended since recording started (call end_iteration after a step)"
             } else {
                 "iterations are not recorded (set a budget with plan_ahead on, or call record_iterations)"
             },
-        })?;
-        crate::planner::min_feasible_budget(rec, &self.config, max_overhead)?.ok_or_else(|| {
-            Error::Internal("the recorded iteration does not replay under any budget".into())
         })
     }
 
@@ -106,13 +112,7 @@ impl<V> Runtime<V> {
     ///
     /// Errors: [`Error::NotRecorded`] as for [`Runtime::min_feasible_budget`].
     pub fn export_trace(&self, name: &str) -> Result<remat_trace::Trace> {
-        let rec = self.iter.recorder.last_recording.as_ref().ok_or_else(|| Error::NotRecorded {
-            why: if self.iter.recorder.recording.is_some() {
-                "no iteration has ended since recording started (call end_iteration after a step)"
-            } else {
-                "iterations are not recorded (set a budget with plan_ahead on, or call record_iterations)"
-            },
-        })?;
+        let rec = self.recorded_whole()?;
         rec.to_trace(name)
     }
 
