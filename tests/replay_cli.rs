@@ -122,12 +122,75 @@ fn bad_values_are_errors_that_say_what_is_allowed() {
             "must be >= 20",
         ),
         (vec!["replay", path, "--policy", "fifo"], "remat | dtr"),
+        (
+            vec!["replay", path, "--swap-bandwidth=-3"],
+            "a bandwidth in GB/s per direction",
+        ),
+        (
+            vec!["replay", path, "--conf", "swap_bandwidth:0"],
+            "a bandwidth in GB/s per direction",
+        ),
+        (
+            vec!["replay", path, "--conf", "host_budget:lots"],
+            "percentage of the device budget",
+        ),
     ] {
         let out = remat(&args);
         assert!(!out.status.success(), "{args:?} must fail");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn swap_bandwidth_moves_bytes_to_the_host_tier_and_reports_them() {
+    let trace = write_trace();
+    let path = trace.to_str().unwrap();
+    // The constant input is not recomputable: without swap it stays; with
+    // swap it may leave, and every copy is reported.
+    let run = |extra: &[&str]| json(&remat(&[&["replay", path, "--json"], extra].concat()));
+    let off = run(&["--ratio", "0.3"]);
+    let on = run(&[
+        "--ratio",
+        "0.3",
+        "--swap-bandwidth",
+        "24",
+        "--iterations",
+        "2",
+    ]);
+    assert_eq!(off["swap_bandwidth_gbps"], serde_json::Value::Null);
+    assert_eq!(off["swapped_out_bytes"], 0);
+    assert_eq!(on["swap_bandwidth_gbps"], 24.0);
+    for key in [
+        "stall_ns",
+        "swapped_out_bytes",
+        "swapped_in_bytes",
+        "peak_host_bytes",
+    ] {
+        assert!(on.get(key).is_some(), "missing {key}: {on}");
+        assert!(
+            on["iterations"][0].get(key).is_some() || key == "peak_host_bytes",
+            "{key}: {on}"
+        );
+    }
+    assert_eq!(on["status"], "ok", "{on}");
+    let out = on["swapped_out_bytes"].as_u64().unwrap();
+    let back = on["swapped_in_bytes"].as_u64().unwrap();
+    assert!(out > 0, "the constant leaves the device: {on}");
+    assert!(
+        back <= out && on["peak_host_bytes"].as_u64().unwrap() <= out,
+        "{on}"
+    );
+    // Stalls count in the overhead: (compute + recompute + stalls) / compute.
+    let total = on["total_compute_ns"].as_u64().unwrap() as f64;
+    let base = on["baseline_compute_ns"].as_u64().unwrap() as f64;
+    assert!(
+        total >= base + on["stall_ns"].as_u64().unwrap() as f64 - 1.0,
+        "{on}"
+    );
+    // Off by 0.
+    let zero = replay_json(path, &["--swap-bandwidth", "0"]);
+    assert_eq!(zero["swap_bandwidth_gbps"], serde_json::Value::Null);
 }
 
 #[test]

@@ -17,6 +17,9 @@
 //! | `plan_background` | `on`/`off`: plan on a background thread; the next iteration runs online and the plan is followed from the one after | `off` |
 //! | `plan_restarts` | 0 ..= 64: rounds of random restarts of the planner's learned entries, in both placements; a recording that is light to simulate also gets its full-scan entries restarted and, under a physical budget, more rounds in the flat arena, up to 64 (0: no restarts at all) | `8` |
 //! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`), and a regeneration whose own replays pass them keeps what it regenerates | `on` |
+//! | `swap` | `on`/`off`: swap storages to the host tier when a copy costs less than recomputing them, and non-recomputable ones (parameters, inputs) between uses ([`crate::swap`]) | `off` |
+//! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
+//! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
 //! The allocator behind a physical budget has its own settings
@@ -28,6 +31,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use remat_alloc::AllocatorConfig;
+
+pub use crate::swap::{HostBudget, SwapConfig};
 
 /// The environment variable read by [`DtrConfig::from_env`].
 pub const ENV_VAR: &str = "REMAT_DTR_CONF";
@@ -245,6 +250,9 @@ pub struct DtrConfig {
     /// configured policy decides every eviction, and a regeneration releases
     /// each input once its op has run.
     pub thrash_rescue: bool,
+    /// The host tier: swap storages to host memory when a copy costs less
+    /// than recomputing them (see [`crate::swap`]). Off by default.
+    pub swap: SwapConfig,
 }
 
 impl Default for DtrConfig {
@@ -265,6 +273,7 @@ impl Default for DtrConfig {
             plan_background: false,
             plan_restarts: 8,
             thrash_rescue: true,
+            swap: SwapConfig::default(),
         }
     }
 }
@@ -346,12 +355,44 @@ impl DtrConfig {
             let value = self.plan_restarts.to_string();
             return Err(ConfigError::bad("plan_restarts", &value, &restarts_range()));
         }
+        if let Some(bw) = self.swap.bandwidth_gbps {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(ConfigError::bad(
+                    "swap_bandwidth",
+                    &bw.to_string(),
+                    BANDWIDTH,
+                ));
+            }
+        }
+        if let Some(HostBudget::PercentOfBudget(p)) = self.swap.host_budget {
+            if !(p.is_finite() && p >= 0.0) {
+                return Err(ConfigError::bad(
+                    "host_budget",
+                    &format!("{p}%"),
+                    HOST_BUDGET,
+                ));
+            }
+        }
         Ok(())
     }
 
     /// The most rounds of random restarts: each round simulates every
     /// competing learned or full-scan entry again.
     pub const MAX_PLAN_RESTARTS: u32 = 64;
+
+    /// Turn swapping to the host tier on at `gbps` GB/s per direction
+    /// (`None`: swap off). See [`crate::swap`].
+    pub fn with_swap(mut self, gbps: Option<f64>) -> Self {
+        self.swap.enabled = gbps.is_some();
+        self.swap.bandwidth_gbps = gbps;
+        self
+    }
+
+    /// Limit the host tier (`None`: unbounded).
+    pub fn with_host_budget(mut self, budget: Option<HostBudget>) -> Self {
+        self.swap.host_budget = budget;
+        self
+    }
 
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
     pub fn with_thrash_rescue(mut self, on: bool) -> Self {
@@ -374,6 +415,9 @@ impl DtrConfig {
         "plan_background",
         "plan_restarts",
         "thrash_rescue",
+        "swap",
+        "swap_bandwidth",
+        "host_budget",
         "megengine_cost",
         "megengine_memory",
         "megengine_staleness",
@@ -413,6 +457,17 @@ impl DtrConfig {
                         .ok_or_else(|| ConfigError::bad(key, value, &restarts_range()))?
                 }
                 "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
+                "swap" => c.swap.enabled = parse_switch(key, value)?,
+                "swap_bandwidth" => {
+                    c.swap.bandwidth_gbps = Some(
+                        value
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|b| b.is_finite() && *b > 0.0)
+                            .ok_or_else(|| ConfigError::bad(key, value, BANDWIDTH))?,
+                    )
+                }
+                "host_budget" => c.swap.host_budget = parse_host_budget(key, value)?,
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
                 "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
                 "megengine_staleness" => c.megengine.staleness = parse_f64(key, value)?,
@@ -457,7 +512,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn bad(key: &str, value: &str, expected: &str) -> Self {
+    pub(crate) fn bad(key: &str, value: &str, expected: &str) -> Self {
         ConfigError::BadValue {
             key: key.to_string(),
             value: value.to_string(),
@@ -467,6 +522,30 @@ impl ConfigError {
 }
 
 /// What `plan_restarts` accepts, for its errors.
+/// What `swap_bandwidth` takes.
+const BANDWIDTH: &str = "a bandwidth in GB/s per direction, a finite number above 0 (e.g. 24)";
+/// What `host_budget` takes.
+const HOST_BUDGET: &str =
+    "none, a byte count such as 64GiB, or a percentage of the device budget such as 400%";
+
+fn parse_host_budget(key: &str, v: &str) -> Result<Option<HostBudget>, ConfigError> {
+    if v == "none" {
+        return Ok(None);
+    }
+    if let Some(p) = v.strip_suffix('%') {
+        return p
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|p| p.is_finite() && *p >= 0.0)
+            .map(|p| Some(HostBudget::PercentOfBudget(p)))
+            .ok_or_else(|| ConfigError::bad(key, v, HOST_BUDGET));
+    }
+    parse_bytes(key, v)
+        .map(|b| Some(HostBudget::Bytes(b)))
+        .map_err(|_| ConfigError::bad(key, v, HOST_BUDGET))
+}
+
 fn restarts_range() -> String {
     format!("an integer from 0 to {}", DtrConfig::MAX_PLAN_RESTARTS)
 }
@@ -550,6 +629,44 @@ mod tests {
         assert_eq!(c.plan_restarts, 0);
         assert_eq!(DtrConfig::default().plan_restarts, 8);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
+    }
+
+    #[test]
+    fn swap_keys_parse_and_name_what_is_allowed() {
+        let c = DtrConfig::parse("swap:on,swap_bandwidth:24,host_budget:400%").unwrap();
+        assert!(c.swap.enabled);
+        assert_eq!(c.swap.bandwidth_gbps, Some(24.0));
+        assert_eq!(c.swap.host_budget, Some(HostBudget::PercentOfBudget(400.0)));
+        let c = DtrConfig::parse("host_budget:64GiB").unwrap();
+        assert_eq!(c.swap.host_budget, Some(HostBudget::Bytes(64 << 30)));
+        assert!(!c.swap.enabled, "a host budget alone does not turn swap on");
+        assert_eq!(
+            DtrConfig::parse("host_budget:none")
+                .unwrap()
+                .swap
+                .host_budget,
+            None
+        );
+        for (item, expected) in [
+            ("swap_bandwidth:0", "GB/s"),
+            ("swap_bandwidth:-3", "GB/s"),
+            ("swap_bandwidth:fast", "GB/s"),
+            ("swap_bandwidth:inf", "GB/s"),
+            ("host_budget:-5%", "percentage"),
+            ("host_budget:lots", "percentage"),
+            ("swap:sometimes", "on | off"),
+        ] {
+            let e = DtrConfig::parse(item).unwrap_err().to_string();
+            assert!(e.contains(expected), "{item}: {e}");
+        }
+        let mut c = DtrConfig::default().with_swap(Some(12.0));
+        assert!(c.swap.enabled && c.check().is_ok());
+        c.swap.bandwidth_gbps = Some(f64::NAN);
+        assert!(c
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("swap_bandwidth"));
     }
 
     #[test]

@@ -74,6 +74,10 @@ impl fmt::Display for DeviceOutOfMemory {
 pub enum ImpossibleCause {
     /// The request alone is larger than the budget.
     RequestExceedsBudget,
+    /// The op being placed needs its inputs and all its fresh outputs
+    /// resident at once, and they alone exceed the budget
+    /// ([`ImpossibleBudget::op`]).
+    OpWorkingSetExceedsBudget,
     /// What must stay resident (pinned, not recomputable, below the minimum
     /// evictee) plus the request exceed the budget: no placement of any
     /// allocator can help; a larger budget or fewer pins can.
@@ -94,6 +98,9 @@ impl ImpossibleCause {
     pub fn name(self) -> &'static str {
         match self {
             ImpossibleCause::RequestExceedsBudget => "the request alone exceeds the budget",
+            ImpossibleCause::OpWorkingSetExceedsBudget => {
+                "the op's own inputs and outputs exceed the budget"
+            }
             ImpossibleCause::WorkingSetExceedsBudget => {
                 "what must stay resident plus the request exceed the budget"
             }
@@ -135,6 +142,29 @@ pub struct ImpossibleBudget {
     /// Free bytes inside the budget that could not hold the request (fragmentation:
     /// cached free blocks plus device memory not yet reserved).
     pub free_but_fragmented: u64,
+    /// The op being placed, when its own working set (its inputs and its
+    /// fresh outputs, all resident at once while it runs) exceeds the budget:
+    /// then no policy, swap or placement can run it
+    /// ([`ImpossibleCause::OpWorkingSetExceedsBudget`]).
+    pub op: Option<OpWorkingSet>,
+}
+
+/// An op whose inputs and outputs alone exceed the budget.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OpWorkingSet {
+    /// The op's name.
+    pub name: String,
+    /// Bytes of its distinct input storages.
+    pub input_bytes: u64,
+    /// Bytes of its fresh outputs.
+    pub output_bytes: u64,
+}
+
+impl OpWorkingSet {
+    /// Inputs plus outputs.
+    pub fn bytes(&self) -> u64 {
+        self.input_bytes + self.output_bytes
+    }
 }
 
 impl fmt::Display for ImpossibleBudget {
@@ -152,7 +182,18 @@ impl fmt::Display for ImpossibleBudget {
             self.not_recomputable,
             self.below_min_evictee,
             self.free_but_fragmented
-        )
+        )?;
+        if let Some(op) = &self.op {
+            write!(
+                f,
+                "; op `{}` alone needs {} B resident at once ({} B of inputs, {} B of outputs)",
+                op.name,
+                op.bytes(),
+                op.input_bytes,
+                op.output_bytes
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -224,6 +265,11 @@ pub enum Error {
         /// Compute spent so far.
         spent_ns: f64,
     },
+    /// A copy between the device and the host tier failed while swapping a
+    /// storage back in: its host copy stays, the slot was freed, and the
+    /// device is usable (see [`crate::swap`]).
+    #[error("swap: {0}")]
+    Transfer(#[from] crate::swap::TransferError),
     /// An op handle failed.
     #[error(transparent)]
     Op(#[from] OpError),

@@ -19,6 +19,10 @@ pub enum Residency {
     Resident,
     /// Evicted (or fake-deleted): the record stays so it can be regenerated.
     Evicted,
+    /// Swapped: its bytes are in the host tier (the runtime holds the host
+    /// copy), no slot; one copy makes it resident again, needing none of its
+    /// inputs (see [`crate::swap`]). Not part of any evicted region.
+    Swapped,
 }
 
 /// One storage (the unit of eviction).
@@ -64,6 +68,10 @@ pub(crate) struct StorageRec {
     /// The iteration that created it: evicted storages of an earlier one are
     /// never regenerated (their inputs may have been updated since).
     pub epoch: u32,
+    /// The host tier refused to take it (host budget full, or a failed copy):
+    /// while set, a storage that cannot be recomputed is no candidate. Cleared
+    /// when the host tier gives bytes back.
+    pub swap_refused: bool,
 }
 
 impl StorageRec {
@@ -105,7 +113,8 @@ pub(crate) struct OpRec {
 pub struct Hot {
     /// Requested bytes.
     pub bytes: u64,
-    /// Own recompute cost (ns).
+    /// Own recompute cost (ns); with swap on, at most the swap's price
+    /// (the swap's price alone for a storage that cannot be recomputed).
     pub cost: f64,
     /// Clock at last use.
     pub last_used: f64,
@@ -126,6 +135,11 @@ pub(crate) struct Graph {
     pub candidate_bytes: u64,
     /// Smallest storage that may become a candidate.
     pub min_evictee_bytes: u64,
+    /// With swap on: ns per byte of one copy to or from the host tier. Then
+    /// non-recomputable storages are candidates too, and every candidate is
+    /// priced by the cheaper of recomputation and its round trip
+    /// ([`Graph::price`]).
+    pub swap_ns_per_byte: Option<f64>,
     /// Compute clock in ns (first computations and rematerializations).
     pub clock: f64,
     /// Recent first-computation cost: op costs with a decay of
@@ -196,10 +210,43 @@ impl Graph {
         &mut self.storages[s.0]
     }
 
-    /// Whether `s` may be a candidate right now.
+    /// Whether `s` may be a candidate right now: resident, unpinned, large
+    /// enough, and recomputable or swappable.
     pub(crate) fn eligible(&self, s: StorageId) -> bool {
         let r = self.st(s);
-        r.is_resident() && r.recomputable && r.pins == 0 && r.bytes >= self.min_evictee_bytes
+        r.is_resident()
+            && (r.recomputable || (self.swap_ns_per_byte.is_some() && !r.swap_refused))
+            && r.pins == 0
+            && r.bytes >= self.min_evictee_bytes
+    }
+
+    /// The online price (ns) of swapping `s`: a copy out and a copy back, each
+    /// waited for; `None` with swap off.
+    #[inline]
+    pub(crate) fn swap_price(&self, s: StorageId) -> Option<f64> {
+        self.swap_ns_per_byte
+            .map(|k| 2.0 * self.st(s).bytes as f64 * k)
+    }
+
+    /// What evicting `s` costs when recomputing it is priced `recompute`: the
+    /// cheaper of that and its swap with swap on, the swap alone for a
+    /// storage that cannot be recomputed.
+    #[inline]
+    pub(crate) fn price(&self, s: StorageId, recompute: f64) -> f64 {
+        match self.swap_price(s) {
+            None => recompute,
+            Some(swap) if self.st(s).recomputable => recompute.min(swap),
+            Some(swap) => swap,
+        }
+    }
+
+    /// Whether the runtime should swap `s` rather than evict it for
+    /// recomputation, whose price by the union-find's e* is `e_star`.
+    pub(crate) fn prefers_swap(&self, s: StorageId, e_star: f64) -> bool {
+        match self.swap_price(s) {
+            None => false,
+            Some(swap) => !self.st(s).recomputable || swap < e_star,
+        }
     }
 
     /// Add `s` to the candidates if eligible and absent.
@@ -208,10 +255,12 @@ impl Graph {
             let pos = self.candidates.len() as u32;
             self.candidates.push(s);
             let r = self.st(s);
+            let (bytes, last_used) = (r.bytes, r.last_used);
+            let cost = self.price(s, r.cost);
             self.hot.push(Hot {
-                bytes: r.bytes,
-                cost: r.cost,
-                last_used: r.last_used,
+                bytes,
+                cost,
+                last_used,
             });
             let r = self.st_mut(s);
             r.cand_pos = pos;

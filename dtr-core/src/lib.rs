@@ -131,6 +131,7 @@ pub mod replay;
 mod rng;
 pub mod runtime;
 pub mod stats;
+pub mod swap;
 pub mod unionfind;
 
 /// The arena model's old path, kept for code that names it
@@ -144,7 +145,9 @@ pub use memory::physical;
 pub use plan as execute;
 
 pub use config::{BudgetMode, ConfigError, DtrConfig, MegEngineParams, PolicyKind};
-pub use error::{DeviceOutOfMemory, Error, ImpossibleBudget, ImpossibleCause, OpError, Result};
+pub use error::{
+    DeviceOutOfMemory, Error, ImpossibleBudget, ImpossibleCause, OpError, OpWorkingSet, Result,
+};
 pub use graph::{Hot, Residency};
 pub use ids::{OpId, StorageId, TensorId};
 pub use memory::ArenaMemory;
@@ -164,3 +167,4 @@ pub use remat_alloc::AllocatorConfig;
 pub use remat_trace as trace;
 pub use runtime::Runtime;
 pub use stats::{IterationReport, PlanStatus, PlanSummary, RuntimeStats, StartDiff};
+pub use swap::{HostBudget, HostTransfer, HostValue, NoValues, SwapConfig, TransferError};

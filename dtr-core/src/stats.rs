@@ -72,6 +72,27 @@ pub struct RuntimeStats {
     /// Iterations that left their plan (a call differed from the recorded
     /// iteration, or a plan step could not be taken).
     pub divergences: u64,
+    /// Compute stalled waiting for copies to or from the host tier (ns): a
+    /// swap-out whose memory was needed, a swap-in read at once.
+    pub stall_ns: f64,
+    /// Storages swapped out to the host tier.
+    pub swap_outs: u64,
+    /// Storages swapped back in.
+    pub swap_ins: u64,
+    /// Bytes copied to the host tier.
+    pub swapped_out_bytes: u64,
+    /// Bytes copied back from the host tier.
+    pub swapped_in_bytes: u64,
+    /// Bytes in the host tier now.
+    pub host_bytes: u64,
+    /// Peak of [`RuntimeStats::host_bytes`].
+    pub peak_host_bytes: u64,
+    /// Swap-outs the host budget refused (the storage stayed resident, or was
+    /// evicted for recomputation instead).
+    pub swap_refusals: u64,
+    /// Copies that failed (nothing lost: a failed swap-out leaves the value
+    /// resident; a failed swap-in keeps the host copy).
+    pub swap_failures: u64,
 }
 
 /// The plan adopted for the next iteration, in figures.
@@ -130,6 +151,12 @@ pub struct IterationReport {
     pub evictions: u64,
     /// Rematerializations.
     pub rematerializations: u64,
+    /// Compute stalled on host-tier copies (ns; 0 with swap off).
+    pub stall_ns: f64,
+    /// Bytes swapped out to the host tier.
+    pub swapped_out_bytes: u64,
+    /// Bytes swapped back in.
+    pub swapped_in_bytes: u64,
     /// The arena of its plan, when it had one.
     pub arena_bytes: Option<u64>,
     /// The runtime had to rescue it online ([`RuntimeStats::rescued_since`]);
@@ -249,10 +276,11 @@ impl PlanStatus {
 }
 
 impl IterationReport {
-    /// (first computations + rematerializations) / first computations.
+    /// (first computations + rematerializations + stalls on host-tier copies)
+    /// / first computations.
     pub fn overhead(&self) -> f64 {
         if self.compute_ns > 0.0 {
-            (self.compute_ns + self.remat_ns) / self.compute_ns
+            (self.compute_ns + self.remat_ns + self.stall_ns) / self.compute_ns
         } else {
             1.0
         }
@@ -275,6 +303,12 @@ impl RuntimeStats {
     /// First computations plus rematerializations.
     pub fn total_compute_ns(&self) -> f64 {
         self.compute_ns + self.remat_ns
+    }
+
+    /// First computations, rematerializations and stalls on host-tier
+    /// copies: the time the run took in the cost model (ns).
+    pub fn wall_ns(&self) -> f64 {
+        self.compute_ns + self.remat_ns + self.stall_ns
     }
 
     /// Coop's fragmentation metric: mean free bytes at allocations that needed

@@ -158,11 +158,30 @@ fn an_impossible_budget_names_its_true_cause() {
     // Parameters that fill the budget: the working set, not fragmentation,
     // although nothing but them is resident.
     let mut rt = runtime(BudgetMode::Physical, Some(1 << 20));
-    let _p = rt.put(1, 900 << 10).unwrap();
-    match rt.apply(op(1, 1), &[_p], &[OutputSpec::fresh(200 << 10)], 1) {
+    let p = rt.put(1, 900 << 10).unwrap();
+    let x = rt.put(2, 10 << 10).unwrap();
+    match rt.apply(op(1, 1), &[x], &[OutputSpec::fresh(200 << 10)], 1) {
         Err(Error::ImpossibleBudget(b)) => {
             assert_eq!(b.cause, ImpossibleCause::WorkingSetExceedsBudget, "{b}");
-            assert_eq!(b.not_recomputable, 900 << 10);
+            assert_eq!(b.not_recomputable, 910 << 10);
+            assert_eq!(b.op, None, "the op's own 210 KiB fit");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The op reads the parameter: its own inputs and outputs exceed the
+    // budget, and the error names it.
+    match rt.apply(op(1, 1), &[p], &[OutputSpec::fresh(200 << 10)], 1) {
+        Err(Error::ImpossibleBudget(b)) => {
+            assert_eq!(b.cause, ImpossibleCause::OpWorkingSetExceedsBudget, "{b}");
+            let w = b.op.as_ref().expect("the op named");
+            assert_eq!(
+                (w.name.as_str(), w.input_bytes, w.output_bytes),
+                ("op1", 900 << 10, 200 << 10)
+            );
+            assert!(
+                b.to_string().contains("op `op1` alone needs 1126400 B"),
+                "{b}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -178,7 +197,7 @@ fn an_impossible_budget_names_its_true_cause() {
         other => panic!("{other:?}"),
     }
     // The device stays usable after the failure.
-    let y = rt.apply(op(2, 1), &[_p], &[OutputSpec::fresh(100 << 10)], 1);
+    let y = rt.apply(op(2, 1), &[p], &[OutputSpec::fresh(100 << 10)], 1);
     assert!(y.is_ok(), "{y:?}");
     rt.check_invariants().unwrap();
 }

@@ -173,11 +173,13 @@ fn a_request_whose_segment_exceeds_the_budget_falls_back_to_an_arena() {
         }
         assert_eq!(*rt.access(big).unwrap(), expect, "{policy}");
         rt.check_invariants().unwrap();
-        // A working set beyond the budget still fails, and says why.
+        // A working set beyond the budget still fails, and says why: the op's
+        // own inputs and output.
         match rt.apply(f, &[x, big], &[OutputSpec::fresh(1 << 20)], 1) {
             Err(Error::ImpossibleBudget(b)) => {
-                assert_eq!(b.cause, ImpossibleCause::WorkingSetExceedsBudget, "{b}");
+                assert_eq!(b.cause, ImpossibleCause::OpWorkingSetExceedsBudget, "{b}");
                 assert!(b.to_string().contains("exceed the budget"), "{b}");
+                assert!(b.to_string().contains("op `f` alone needs"), "{b}");
             }
             other => panic!("{policy}: {other:?}"),
         }

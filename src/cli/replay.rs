@@ -57,6 +57,13 @@ pub struct ReplayArgs {
     /// overhead are then the last iteration's.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub iterations: u64,
+    /// Swap to host memory at this bandwidth per direction (GB/s; 24 is PCIe
+    /// 4.0 ×16): each eviction takes the cheaper of recomputing and a copy
+    /// out and back, one copy engine per direction runs beside compute, and
+    /// a use before its copy-in completes stalls. 0 or absent: swap off
+    /// (unless `--conf` / REMAT_DTR_CONF turn it on). The sweep takes it too.
+    #[arg(long)]
+    pub swap_bandwidth: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -108,7 +115,21 @@ fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error
         Some(c) => AllocatorConfig::parse(c)?,
         None => AllocatorConfig::from_env()?,
     };
-    Ok(dtr.with_allocator(allocator))
+    let mut dtr = dtr.with_allocator(allocator);
+    match args.swap_bandwidth {
+        None => {}
+        Some(0.0) => dtr = dtr.with_swap(None),
+        Some(bw) if bw.is_finite() && bw > 0.0 => dtr = dtr.with_swap(Some(bw)),
+        Some(bw) => {
+            return Err(format!(
+                "--swap-bandwidth {bw}: expected a bandwidth in GB/s per direction, a finite \
+                 number above 0 (0 turns swap off)"
+            )
+            .into())
+        }
+    }
+    dtr.check()?;
+    Ok(dtr)
 }
 
 /// The `--json` object of one run.
@@ -123,6 +144,11 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
         "overhead": r.overhead,
         "baseline_compute_ns": r.baseline_compute_ns,
         "total_compute_ns": r.total_compute_ns,
+        "swap_bandwidth_gbps": r.swap_bandwidth_gbps,
+        "stall_ns": r.stall_ns,
+        "swapped_out_bytes": r.swapped_out_bytes,
+        "swapped_in_bytes": r.swapped_in_bytes,
+        "peak_host_bytes": r.peak_host_bytes,
         "peak_live_bytes": r.peak_live_bytes,
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "evictions": r.evictions,
@@ -150,6 +176,9 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
         "index": it.index,
         "status": it.status.name(),
         "overhead": it.overhead,
+        "stall_ns": it.stall_ns,
+        "swapped_out_bytes": it.swapped_out_bytes,
+        "swapped_in_bytes": it.swapped_in_bytes,
         "evictions": it.evictions,
         "rematerializations": it.rematerializations,
         "planned": it.planned,
@@ -244,6 +273,15 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
         if let Some(conf) = r.allocator_conf.as_deref().filter(|c| !c.is_empty()) {
             println!("  allocator: {conf}");
+        }
+        if let Some(bw) = r.swap_bandwidth_gbps {
+            println!(
+                "  swap at {bw} GB/s: {} B out, {} B in, peak host {} B, stalls {:.4} of the baseline",
+                r.swapped_out_bytes,
+                r.swapped_in_bytes,
+                r.peak_host_bytes,
+                r.stall_ns as f64 / r.baseline_compute_ns.max(1) as f64
+            );
         }
         if let Some(e) = &r.error {
             println!("  {e}");

@@ -2,6 +2,11 @@
 //! reads (candidates, costs, staleness, e*, the allocator's adjacent free bytes and
 //! address-ordered blocks), and the shipped policies.
 //!
+//! With swap on ([`crate::swap`]), every price a policy reads here — own cost,
+//! e* of each kind, MSPS's recompute cost — is the cheaper of recomputation
+//! and the storage's swap (the swap alone for a storage that cannot be
+//! recomputed), so every policy weighs both levers without knowing of them.
+//!
 //! | policy | module | chooses |
 //! |---|---|---|
 //! | h_DTR, h_DTR^eq, h_DTR^local, MSPS, LRU, largest-first, MegEngine | [`score`] | the sampled candidate with the smallest score |
@@ -140,7 +145,8 @@ impl<'a> DecisionView<'a> {
 
     /// Exact e* walking at most `max_nodes` evicted storages.
     pub fn e_star_bounded(&mut self, s: StorageId, max_nodes: usize) -> f64 {
-        self.graph.e_star_bounded(s, max_nodes)
+        let e = self.graph.e_star_bounded(s, max_nodes);
+        self.graph.price(s, e)
     }
 
     /// The hot fields of [`DecisionView::pool`], index for index (a copy made while
@@ -178,10 +184,11 @@ impl<'a> DecisionView<'a> {
         self.graph.st(s).bytes
     }
 
-    /// Own recompute cost of `s` in ns.
+    /// Own recompute cost of `s` in ns (with swap on, at most its swap's
+    /// price; see [`DecisionView::e_star_eq`]).
     #[inline]
     pub fn cost(&self, s: StorageId) -> f64 {
-        self.graph.st(s).cost
+        self.graph.price(s, self.graph.st(s).cost)
     }
 
     /// ns of compute since `s` was last used, plus 1 (never 0).
@@ -199,17 +206,20 @@ impl<'a> DecisionView<'a> {
     /// e* by union-find (h_DTR^eq): own cost plus adjacent evicted components.
     #[inline]
     pub fn e_star_eq(&mut self, s: StorageId) -> f64 {
-        self.graph.e_star_eq(s)
+        let e = self.graph.e_star_eq(s);
+        self.graph.price(s, e)
     }
 
     /// Exact e* (h_DTR): own cost plus the evicted ancestor and descendant regions.
     pub fn e_star_exact(&mut self, s: StorageId) -> f64 {
-        self.graph.e_star_exact(s)
+        let e = self.graph.e_star_exact(s);
+        self.graph.price(s, e)
     }
 
     /// Own cost plus the evicted ancestors that recomputing `s` would need (MSPS).
     pub fn recompute_cost(&mut self, s: StorageId) -> f64 {
-        self.graph.st(s).cost + self.graph.region_cost(s, true, false)
+        let e = self.graph.st(s).cost + self.graph.region_cost(s, true, false);
+        self.graph.price(s, e)
     }
 
     /// Address of `s`'s block (0 without addresses).

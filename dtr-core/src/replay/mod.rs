@@ -150,8 +150,19 @@ pub struct ReplayReport {
     pub overhead: f64,
     /// Σ TIME over CALL and MUTATE.
     pub baseline_compute_ns: u64,
-    /// Compute including rematerializations (up to the stop for oom/thrash).
+    /// Compute including rematerializations and stalls on host-tier copies
+    /// (up to the stop for oom/thrash).
     pub total_compute_ns: u64,
+    /// Compute stalled on host-tier copies (ns; 0 with swap off).
+    pub stall_ns: u64,
+    /// Bytes swapped out to the host tier.
+    pub swapped_out_bytes: u64,
+    /// Bytes swapped back in.
+    pub swapped_in_bytes: u64,
+    /// Peak bytes in the host tier.
+    pub peak_host_bytes: u64,
+    /// The swap bandwidth per direction (GB/s), `None` with swap off.
+    pub swap_bandwidth_gbps: Option<f64>,
     /// Peak of live storage bytes.
     pub peak_live_bytes: u64,
     /// Peak bytes reserved by the memory model (device segments when physical).
@@ -194,9 +205,15 @@ pub struct IterationRow {
     pub index: usize,
     /// How it ended.
     pub status: ReplayStatus,
-    /// Its compute (first computations plus rematerializations) over the
-    /// trace's baseline.
+    /// Its compute (first computations plus rematerializations plus stalls
+    /// on host-tier copies) over the trace's baseline.
     pub overhead: f64,
+    /// Its stalls on host-tier copies (ns).
+    pub stall_ns: u64,
+    /// Bytes it swapped out.
+    pub swapped_out_bytes: u64,
+    /// Bytes it swapped in.
+    pub swapped_in_bytes: u64,
     /// Its evictions.
     pub evictions: u64,
     /// Its rematerializations.
@@ -567,7 +584,7 @@ impl<'t> Driver<'t, '_> {
         }
         for t in live {
             self.rt.access(t)?;
-            if self.rt.stats().total_compute_ns() > limit && bounded {
+            if self.rt.stats().wall_ns() > limit && bounded {
                 return Ok(true);
             }
         }
@@ -625,6 +642,11 @@ fn drive(
     // Replays are deterministic: a background plan is taken at the first
     // boundary after it was started, however long it takes.
     d.rt.wait_for_background_plans(true);
+    // The trace format has no values: swapping moves nothing, and the time
+    // model and the accounting run as they would with values.
+    if opts.config.swap.enabled && !d.rt.swap_enabled() {
+        d.rt.set_host_transfer(Box::new(crate::swap::NoValues))?;
+    }
     let bounded = opts.config.budget.is_some();
     let mut timeline = Vec::new();
     let mut status = ReplayStatus::Ok;
@@ -641,7 +663,7 @@ fn drive(
             opts.thrash_limit
         };
         let at_start = d.rt.stats().clone();
-        let limit = at_start.total_compute_ns() + factor * baseline_ns as f64;
+        let limit = at_start.wall_ns() + factor * baseline_ns as f64;
         if bounded || opts.config.threshold.is_some() {
             d.rt.set_compute_limit(Some(limit));
         }
@@ -668,7 +690,7 @@ fn drive(
                     });
                 }
             }
-            if d.rt.stats().total_compute_ns() > limit && bounded {
+            if d.rt.stats().wall_ns() > limit && bounded {
                 status = ReplayStatus::Thrash;
                 break Ok(());
             }
@@ -691,7 +713,7 @@ fn drive(
             Err(e) => return Err(e.into()),
         }
         let s = d.rt.stats();
-        let spent = s.total_compute_ns() - at_start.total_compute_ns();
+        let spent = s.wall_ns() - at_start.wall_ns();
         let mut row = IterationRow {
             index: iteration,
             status,
@@ -700,6 +722,9 @@ fn drive(
             } else {
                 spent / baseline_ns as f64
             },
+            stall_ns: (s.stall_ns - at_start.stall_ns).round() as u64,
+            swapped_out_bytes: s.swapped_out_bytes - at_start.swapped_out_bytes,
+            swapped_in_bytes: s.swapped_in_bytes - at_start.swapped_in_bytes,
             evictions: s.evictions - at_start.evictions,
             rematerializations: s.rematerializations - at_start.rematerializations,
             planned: d.rt.current_plan().is_some(),
@@ -732,7 +757,7 @@ fn drive(
     } else if baseline_ns == 0 {
         1.0
     } else {
-        stats.total_compute_ns() / baseline_ns as f64
+        stats.wall_ns() / baseline_ns as f64
     };
     let steady_overhead = last
         .as_ref()
@@ -747,7 +772,16 @@ fn drive(
         status,
         overhead,
         baseline_compute_ns: baseline_ns,
-        total_compute_ns: stats.total_compute_ns().round() as u64,
+        total_compute_ns: stats.wall_ns().round() as u64,
+        stall_ns: stats.stall_ns.round() as u64,
+        swapped_out_bytes: stats.swapped_out_bytes,
+        swapped_in_bytes: stats.swapped_in_bytes,
+        peak_host_bytes: stats.peak_host_bytes,
+        swap_bandwidth_gbps: d
+            .rt
+            .swap_enabled()
+            .then_some(opts.config.swap.bandwidth_gbps)
+            .flatten(),
         peak_live_bytes: stats.peak_live_bytes,
         peak_reserved_bytes: usage.peak_reserved,
         evictions: stats.evictions,

@@ -63,6 +63,7 @@ impl<V> Runtime<V> {
                     }
                     self.graph.withdraw(o);
                     self.graph.st_mut(o).recomputable = false;
+                    self.graph.offer(o);
                 }
                 // The op stays as its outputs' producer record but reads nothing.
                 let inputs = std::mem::take(&mut self.graph.ops[op.0].unique_inputs);
@@ -103,6 +104,7 @@ impl<V> Runtime<V> {
                 .remove(s.0)
                 .ok_or_else(|| Error::Internal("vanished".into()))?;
             self.values[s.0 as usize] = None;
+            self.drop_host_copy(s, r.bytes);
             if let Some(slot) = r.slot {
                 self.stats.live_bytes -= r.bytes;
                 if self.memory.has_addresses() {
@@ -206,6 +208,9 @@ impl<V> Runtime<V> {
         r.cost = 0.0;
         let index = r.output_index;
         self.graph.withdraw(s);
+        // With swap on, a root is a candidate for the host tier (a no-op while
+        // it is held by the caller).
+        self.graph.offer(s);
         let mut dead = Vec::new();
         self.drop_output(op, index, &mut dead)?;
         for d in dead {

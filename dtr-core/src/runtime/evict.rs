@@ -252,6 +252,7 @@ impl<V> Runtime<V> {
             not_recomputable,
             below_min_evictee: below_min,
             free_but_fragmented: self.memory.free_bytes(),
+            op: None,
         }
     }
 
@@ -397,9 +398,8 @@ impl<V> Runtime<V> {
             // one's region: checked at each eviction.
             if self.graph.st(s).cand_pos != NONE
                 && (!self.thresholding || self.graph.threshold_evictable(s))
+                && self.evict_victim(s, false)?
             {
-                self.log_eviction(s, false);
-                self.evict_storage(s, false)?;
                 evicted = true;
             }
         }

@@ -14,9 +14,22 @@ impl<V> Runtime<V> {
         let bad = |m: String| Err(Error::Internal(m));
         let mut live = 0u64;
         let mut cand_bytes = 0u64;
+        let mut host = 0u64;
         for (i, r) in self.graph.storages.iter() {
             let s = StorageId(i);
             let has_value = self.values[i as usize].is_some();
+            let has_copy = (self.host.as_ref())
+                .and_then(|t| t.copies.get(i as usize))
+                .is_some_and(Option::is_some);
+            if (r.residency == Residency::Swapped) != has_copy {
+                return bad(format!(
+                    "{s:?}: residency {:?}, host copy {has_copy}",
+                    r.residency
+                ));
+            }
+            if r.residency == Residency::Swapped {
+                host += r.bytes;
+            }
             if r.is_resident() != r.slot.is_some() || r.is_resident() != has_value {
                 return bad(format!(
                     "{s:?}: residency {:?}, slot {}, value {has_value}",
@@ -43,7 +56,8 @@ impl<V> Runtime<V> {
                     return bad(format!("{s:?}: candidate position mismatch"));
                 }
                 let h = self.graph.hot[r.cand_pos as usize];
-                if h.bytes != r.bytes || h.cost != r.cost || h.last_used != r.last_used {
+                let cost = self.graph.price(s, r.cost);
+                if h.bytes != r.bytes || h.cost != cost || h.last_used != r.last_used {
                     return bad(format!("{s:?}: stale hot fields {h:?}"));
                 }
             }
@@ -70,6 +84,12 @@ impl<V> Runtime<V> {
             return bad(format!(
                 "live bytes {live} != counter {}",
                 self.stats.live_bytes
+            ));
+        }
+        if host != self.stats.host_bytes {
+            return bad(format!(
+                "host bytes {host} != counter {}",
+                self.stats.host_bytes
             ));
         }
         if cand_bytes != self.graph.candidate_bytes {

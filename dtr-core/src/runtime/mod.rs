@@ -11,6 +11,8 @@
 //! - `iteration` records iterations, plans the next one at each boundary and
 //!   follows the plan;
 //! - `mutate` runs in-place ops: a new version of each mutated storage;
+//! - `swap` moves storages to the host tier and back, and chooses between
+//!   swapping and evicting each victim ([`crate::swap`]);
 //! - `invariants` checks every record against the counters and indexes.
 //!
 //! This file keeps the state, construction and the calls a framework makes
@@ -26,6 +28,7 @@ mod invariants;
 mod iteration;
 mod mutate;
 mod regen;
+mod swap;
 
 use crate::config::{BudgetMode, DtrConfig};
 use crate::error::{Error, Result};
@@ -38,6 +41,7 @@ use crate::record::Call;
 use crate::rng::SplitMix64;
 use crate::stats::RuntimeStats;
 use iteration::IterationState;
+use swap::HostTier;
 
 /// Evicted ancestors visited to order a regeneration's inputs by need.
 const REGEN_ORDER_NODES: usize = 256;
@@ -136,6 +140,8 @@ pub struct Runtime<V> {
     /// Iterations: the recorder, the plan being followed, the counters that name
     /// storages and allocations within the iteration (see `iteration`).
     iter: IterationState,
+    /// The host tier, when swap is on ([`Runtime::set_host_transfer`]).
+    host: Option<HostTier<V>>,
 }
 
 impl<V> std::fmt::Debug for Runtime<V> {
@@ -204,12 +210,14 @@ impl<V> Runtime<V> {
             keeping: Keeping::Off,
             kept: Vec::new(),
             iter: IterationState::default(),
+            host: None,
         }
         .with_recording()
     }
 
     /// Fail rematerializations with [`Error::ComputeLimit`] once first computations
-    /// plus rematerializations exceed `ns` (thrash protection; `None`: no limit).
+    /// plus rematerializations (plus stalls on host-tier copies) exceed `ns`
+    /// (thrash protection; `None`: no limit).
     pub fn set_compute_limit(&mut self, ns: Option<f64>) {
         self.compute_limit = ns;
     }
@@ -388,13 +396,15 @@ impl<V> Runtime<V> {
     // ----- put / apply / record -----------------------------------------------
 
     /// Bring external data in (an input or a parameter): placed in the budget,
-    /// never evicted.
+    /// never evicted for recomputation (it has no compute path). With swap on
+    /// it may leave for the host tier between uses ([`crate::swap`]).
     pub fn put(&mut self, value: V, bytes: u64) -> Result<TensorId> {
         self.note(Call::Put { bytes }, &[]);
         let slot = self.place_all(&[bytes]).map(|mut v| v.remove(0));
         let slot = self.track(slot)?;
         let s = self.new_storage(bytes, Some(slot), None, 0, false, 0.0);
         self.values[s.0 as usize] = Some(value);
+        self.graph.offer(s);
         Ok(self.new_tensor(s))
     }
 
@@ -480,7 +490,8 @@ impl<V> Runtime<V> {
             self.graph.st_mut(s).last_used = now;
             self.unpin_storage(s, true);
         }
-        let (slots, values) = result?;
+        let (slots, values) =
+            result.map_err(|e| self.name_op_working_set(e, &op, &unique, &fresh))?;
         self.graph.clock = now;
         self.stats.compute_ns += cost_ns as f64;
         self.graph.note_op_cost(cost_ns as f64, false);
@@ -582,6 +593,36 @@ impl<V> Runtime<V> {
         }
     }
 
+    /// An impossible budget while placing `op`'s outputs: when the op's own
+    /// inputs (`unique`) and fresh outputs exceed the budget, say so by name.
+    fn name_op_working_set(
+        &self,
+        e: Error,
+        op: &Arc<dyn OpHandle<V>>,
+        unique: &[StorageId],
+        fresh: &[u64],
+    ) -> Error {
+        let Error::ImpossibleBudget(mut report) = e else {
+            return e;
+        };
+        let mut inputs = unique.to_vec();
+        inputs.sort_unstable_by_key(|s| s.0);
+        inputs.dedup();
+        let input_bytes = inputs.iter().map(|&s| self.graph.st(s).bytes).sum();
+        let working = crate::error::OpWorkingSet {
+            name: op.name().to_string(),
+            input_bytes,
+            output_bytes: fresh.iter().sum(),
+        };
+        if working.bytes() > report.budget
+            && report.cause == crate::error::ImpossibleCause::WorkingSetExceedsBudget
+        {
+            report.cause = crate::error::ImpossibleCause::OpWorkingSetExceedsBudget;
+            report.op = Some(working);
+        }
+        Error::ImpossibleBudget(report)
+    }
+
     fn free_slots(&mut self, slots: Vec<Slot>) {
         for slot in slots {
             // Best effort on an error path: the slot was just handed out.
@@ -625,6 +666,7 @@ impl<V> Runtime<V> {
             stamp: 0,
             seq: self.iter.next_seq(),
             epoch: self.iter.epoch,
+            swap_refused: false,
         });
         let s = StorageId(idx);
         if self.graph.st(s).seq != NONE {

@@ -170,9 +170,7 @@ impl<V> Runtime<V> {
         };
         self.parked_evicted.push(s);
         self.stats.parked_evictions += 1;
-        self.log_eviction(s, true);
-        self.evict_storage(s, false)?;
-        Ok(true)
+        self.evict_victim(s, true)
     }
 
     fn take_hold(&mut self, s: StorageId) {
@@ -184,6 +182,13 @@ impl<V> Runtime<V> {
     fn need(&mut self, s: StorageId) -> Result<()> {
         let r = self.graph.st(s);
         if r.is_resident() {
+            self.take_hold(s);
+            return Ok(());
+        }
+        if r.residency == Residency::Swapped {
+            // One copy back, none of its inputs: a swap does not cascade (and a
+            // copy is never stale: it is the value as it was computed).
+            self.swap_in(s)?;
             self.take_hold(s);
             return Ok(());
         }
@@ -273,10 +278,10 @@ impl<V> Runtime<V> {
     #[cold]
     fn rematerialize(&mut self, op: OpId) -> Result<()> {
         if let Some(limit) = self.compute_limit {
-            if self.stats.total_compute_ns() > limit {
+            if self.stats.wall_ns() > limit {
                 return Err(Error::ComputeLimit {
                     limit_ns: limit,
-                    spent_ns: self.stats.total_compute_ns(),
+                    spent_ns: self.stats.wall_ns(),
                 });
             }
         }

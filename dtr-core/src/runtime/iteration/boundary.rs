@@ -271,6 +271,9 @@ impl<V> Runtime<V> {
             remat_ns: delta(self.stats.remat_ns, s0.remat_ns),
             evictions: self.stats.evictions - s0.evictions,
             rematerializations: self.stats.rematerializations - s0.rematerializations,
+            stall_ns: delta(self.stats.stall_ns, s0.stall_ns),
+            swapped_out_bytes: self.stats.swapped_out_bytes - s0.swapped_out_bytes,
+            swapped_in_bytes: self.stats.swapped_in_bytes - s0.swapped_in_bytes,
             arena_bytes: self.iter.follower.plan.as_ref().map(|p| p.arena_bytes),
             rescued: self.stats.rescued_since(&self.iter.start_stats),
             next_plan: None,
@@ -284,6 +287,8 @@ impl<V> Runtime<V> {
             if self.graph.st(s).is_resident() && self.graph.st(s).recomputable {
                 self.graph.withdraw(s);
                 self.graph.st_mut(s).recomputable = false;
+                // Swappable still, with swap on.
+                self.graph.offer(s);
             }
         }
         // An iteration that followed its plan to the end repeated the plan's
@@ -457,7 +462,9 @@ impl<V> Runtime<V> {
     /// models) a repeated program sums to the same figure; with measured
     /// wall-clock costs it never does, and the rule never fires.
     pub(super) fn plan_bound(report: &IterationReport, unrepeated: bool) -> f64 {
-        let measured = report.compute_ns + report.remat_ns;
+        // Stalls on host-tier copies count: a recompute-only plan is adopted
+        // only where it is no slower than the iteration that swapped.
+        let measured = report.compute_ns + report.remat_ns + report.stall_ns;
         if report.rescued || unrepeated {
             measured.max(RESCUED_PLAN_LIMIT * report.compute_ns)
         } else {
@@ -479,6 +486,9 @@ mod tests {
             remat_ns,
             evictions: 0,
             rematerializations: 0,
+            stall_ns: 0.0,
+            swapped_out_bytes: 0,
+            swapped_in_bytes: 0,
             arena_bytes: None,
             rescued,
             next_plan: None,

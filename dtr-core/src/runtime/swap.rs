@@ -1,0 +1,253 @@
+//! The host tier in the runtime ([`crate::swap`]): swapping a storage out
+//! instead of evicting it, swapping it back in when it is needed, and the
+//! choice between the two levers for each victim.
+//!
+//! Invariants: a storage is `Swapped` iff the runtime holds its host copy
+//! (`host[s]`), and then it has no slot and no device value;
+//! `stats.host_bytes` is the sum of the swapped storages' bytes. A swap-out
+//! that cannot happen (host budget, failed copy) changes nothing.
+
+use super::Runtime;
+use crate::error::{Error, Result};
+use crate::graph::Residency;
+use crate::ids::StorageId;
+use crate::swap::{CopyEngines, HostTransfer, HostValue};
+
+/// The runtime's host tier: the adapter's copies, the copy engines' time
+/// model and the host copies by storage index.
+pub(super) struct HostTier<V> {
+    pub transfer: Box<dyn HostTransfer<V>>,
+    pub engines: CopyEngines,
+    /// The most bytes the tier holds (`None`: unbounded).
+    pub limit: Option<u64>,
+    /// Host copies by storage index; `Some` iff the storage is swapped.
+    pub copies: Vec<Option<HostValue>>,
+    /// Storages the tier refused ([`crate::graph::StorageRec::swap_refused`]),
+    /// offered again when it gives bytes back.
+    pub refused: Vec<StorageId>,
+}
+
+impl<V> Runtime<V> {
+    /// Give the runtime the adapter's copies between the device and the host
+    /// tier, turning swap on when the config asks for it (`swap:on` and a
+    /// bandwidth; see [`crate::swap`]). Without a bandwidth in the config the
+    /// call is an [`Error::Config`] naming `swap_bandwidth`: measure it and
+    /// set [`crate::SwapConfig::bandwidth_gbps`] first. With swap off in the
+    /// config, the transfer is kept unused.
+    pub fn set_host_transfer(&mut self, transfer: Box<dyn HostTransfer<V>>) -> Result<()> {
+        let swap = self.config.swap;
+        let Some(gbps) = swap.bandwidth_gbps.filter(|_| swap.enabled) else {
+            if swap.enabled {
+                return Err(Error::Config(crate::config::ConfigError::BadValue {
+                    key: "swap_bandwidth".into(),
+                    value: "unset".into(),
+                    expected: "a bandwidth in GB/s per direction with swap:on (set it, or \
+                               let the adapter measure it)"
+                        .into(),
+                }));
+            }
+            return Ok(());
+        };
+        self.config.check()?;
+        let limit = swap.host_budget.and_then(|h| h.bytes(self.config.budget));
+        self.host = Some(HostTier {
+            transfer,
+            engines: CopyEngines::new(gbps),
+            limit,
+            copies: Vec::new(),
+            refused: Vec::new(),
+        });
+        self.graph.swap_ns_per_byte = Some(1.0 / gbps);
+        // Storages that were not candidates only for lack of recomputation
+        // may be now.
+        // and every candidate's price changes.
+        let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
+        for i in ids {
+            self.graph.withdraw(StorageId(i));
+            self.graph.offer(StorageId(i));
+        }
+        Ok(())
+    }
+
+    /// Whether swap is on (a transfer was given and the config asks for it).
+    pub fn swap_enabled(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// Whether `t`'s storage is in the host tier now.
+    pub fn is_swapped(&self, t: crate::TensorId) -> Result<bool> {
+        let s = self.tensor(t)?.storage;
+        Ok(self.graph.st(s).residency == Residency::Swapped)
+    }
+
+    /// Compute, recomputation and stalls so far: the wall clock of the time
+    /// model (ns).
+    pub(super) fn wall_ns(&self) -> f64 {
+        self.stats.wall_ns()
+    }
+
+    /// Free `s` (a victim of the policy, resident) the cheaper way: swap it
+    /// out when swap is on and its copies cost less than recomputing it by
+    /// the union-find's e* (always, for a storage that cannot be recomputed),
+    /// else evict it for recomputation. `false` when neither could be done (a
+    /// non-recomputable storage the host tier refused; it leaves the
+    /// candidates until it is next used).
+    pub(super) fn evict_victim(&mut self, s: StorageId, parked: bool) -> Result<bool> {
+        if self.host.is_some() {
+            let e_star = self.graph.e_star_eq(s);
+            if self.graph.prefers_swap(s, e_star) && self.swap_out(s)? {
+                return Ok(true);
+            }
+            if !self.graph.st(s).recomputable {
+                self.graph.withdraw(s);
+                self.graph.st_mut(s).swap_refused = true;
+                if let Some(tier) = self.host.as_mut() {
+                    tier.refused.push(s);
+                }
+                return Ok(false);
+            }
+        }
+        self.log_eviction(s, parked);
+        self.evict_storage(s, false)?;
+        Ok(true)
+    }
+
+    /// Copy `s` (resident) to the host tier and free its device memory once
+    /// the copy completed. `false`, with nothing changed, when the host
+    /// budget has no room or the copy failed.
+    pub(super) fn swap_out(&mut self, s: StorageId) -> Result<bool> {
+        let bytes = self.graph.st(s).bytes;
+        let wall = self.wall_ns();
+        let Some(tier) = self.host.as_mut() else {
+            return Ok(false);
+        };
+        if tier
+            .limit
+            .is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l)
+        {
+            self.stats.swap_refusals += 1;
+            return Ok(false);
+        }
+        let value = self.values[s.0 as usize]
+            .as_ref()
+            .ok_or_else(|| Error::Internal("swapping out a storage with no value".into()))?;
+        let copy = match tier.transfer.to_host(value, bytes) {
+            Ok(copy) => copy,
+            Err(e) => {
+                tracing::warn!(target: "remat_dtr::swap", storage = s.0, error = %e, "swap-out failed; the value stays resident");
+                self.stats.swap_failures += 1;
+                return Ok(false);
+            }
+        };
+        let i = s.0 as usize;
+        if tier.copies.len() <= i {
+            tier.copies.resize_with(i + 1, || None);
+        }
+        tier.copies[i] = Some(copy);
+        let stall = tier.engines.swap_out_now(wall, bytes);
+        self.stats.stall_ns += stall;
+        self.graph.withdraw(s);
+        let r = self.graph.st_mut(s);
+        let slot = r.slot.take();
+        r.residency = Residency::Swapped;
+        self.values[i] = None;
+        self.stats.live_bytes -= bytes;
+        self.stats.swap_outs += 1;
+        self.stats.swapped_out_bytes += bytes;
+        self.stats.host_bytes += bytes;
+        self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+        if let Some(slot) = slot {
+            if self.memory.has_addresses() {
+                self.unmap_ptr(&slot);
+            }
+            self.memory.free(slot).map_err(Error::Memory)?;
+        }
+        tracing::trace!(target: "remat_dtr::swap", storage = s.0, bytes, stall, "swap out");
+        Ok(true)
+    }
+
+    /// Copy swapped `s` back into a slot placed under the budget (which may
+    /// evict or swap others). A failed copy is [`Error::Transfer`]: the slot
+    /// is freed, the host copy stays, nothing is lost.
+    pub(super) fn swap_in(&mut self, s: StorageId) -> Result<()> {
+        let bytes = self.graph.st(s).bytes;
+        let mut slots = self.place_all(&[bytes])?;
+        let slot = slots
+            .pop()
+            .ok_or_else(|| Error::Internal("no slot".into()))?;
+        let wall = self.wall_ns();
+        let i = s.0 as usize;
+        let tier = self
+            .host
+            .as_mut()
+            .ok_or_else(|| Error::Internal("a swapped storage without a host tier".into()))?;
+        let copy = tier.copies.get(i).and_then(Option::as_ref);
+        let result = match copy {
+            Some(copy) => tier.transfer.to_device(copy, bytes),
+            None => {
+                self.free_slots(vec![slot]);
+                return Err(Error::Internal(
+                    "a swapped storage without a host copy".into(),
+                ));
+            }
+        };
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                self.stats.swap_failures += 1;
+                self.free_slots(vec![slot]);
+                return Err(Error::Transfer(e));
+            }
+        };
+        tier.copies[i] = None;
+        let refused = std::mem::take(&mut tier.refused);
+        let stall = tier.engines.swap_in_now(wall, bytes);
+        self.stats.stall_ns += stall;
+        self.stats.swap_ins += 1;
+        self.stats.swapped_in_bytes += bytes;
+        self.stats.host_bytes -= bytes;
+        self.values[i] = Some(value);
+        let ptr = slot.ptr;
+        let has_block = slot.size > 0;
+        let now = self.graph.clock;
+        let r = self.graph.st_mut(s);
+        r.residency = Residency::Resident;
+        r.slot = Some(slot);
+        r.last_used = now;
+        if has_block {
+            self.map_ptr(ptr, s);
+        }
+        self.stats.live_bytes += bytes;
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+        self.graph.offer(s);
+        self.reoffer_refused(refused);
+        tracing::trace!(target: "remat_dtr::swap", storage = s.0, bytes, stall, "swap in");
+        Ok(())
+    }
+
+    /// The host tier gave bytes back: what it refused may be taken now.
+    fn reoffer_refused(&mut self, refused: Vec<StorageId>) {
+        for s in refused {
+            if let Some(r) = self.graph.storages.get_mut(s.0) {
+                r.swap_refused = false;
+                self.graph.offer(s);
+            }
+        }
+    }
+
+    /// Drop the host copy of a storage being deleted (a no-op for one that is
+    /// not swapped).
+    pub(super) fn drop_host_copy(&mut self, s: StorageId, bytes: u64) {
+        if let Some(copy) = (self.host.as_mut())
+            .and_then(|t| t.copies.get_mut(s.0 as usize))
+            .and_then(Option::take)
+        {
+            drop(copy);
+            self.stats.host_bytes -= bytes;
+            let refused = (self.host.as_mut())
+                .map(|t| std::mem::take(&mut t.refused))
+                .unwrap_or_default();
+            self.reoffer_refused(refused);
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The host tier (issue 33): a storage may be **swapped** — its bytes copied
+//! to host memory and its device memory freed — instead of evicted for
+//! recomputation, when that costs less (MegTaiChi's DTE, Capuchin).
+//!
+//! - [`SwapConfig`]: on/off, the bandwidth per direction and the host budget
+//!   (`REMAT_DTR_CONF` keys `swap`, `swap_bandwidth`, `host_budget`).
+//! - [`HostTransfer`]: the adapter's copy engine — one call copies a value to
+//!   the host tier, one copies it back. A copy returns only once it is
+//!   complete (the adapter waits on its completion event), so the device
+//!   memory of a swapped-out storage is freed only after its copy completed.
+//! - [`CopyEngines`]: the time model: one copy engine per direction,
+//!   concurrent with compute. An online swap-out that makes room stalls
+//!   compute until its copy completes (the memory is needed now); a swap-in
+//!   stalls until its copy completes (nothing prefetched it).
+//!
+//! # The choice, and why it bounds an online step
+//!
+//! Evicting storage `s` for recomputation is priced by h_DTR's e* (its own
+//! cost plus its evicted neighbourhood). Swapping it is priced by the two
+//! copies it costs online, `2 · bytes ÷ bandwidth`. The policies score every
+//! candidate by the cheaper of the two ([`crate::DecisionView`] applies the
+//! minimum), and the runtime takes the cheaper action for each victim. So a
+//! storage whose evicted neighbourhood has grown past the price of its copies
+//! is swapped, not evicted: its regeneration will not replay that
+//! neighbourhood. A swapped storage comes back by one copy and needs none of
+//! its inputs: a swap cannot cascade. The stall one online step can add is at
+//! most two copies of every byte it evicts, a bound that holds for any graph,
+//! where recomputation's bound grows with the evicted regions.
+//!
+//! Parameters, inputs and other non-recomputable storages become candidates
+//! too when swap is on; their only price is the copy.
+
+use std::any::Any;
+use std::fmt;
+
+/// Settings of the host tier. Off by default.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SwapConfig {
+    /// Swap storages to the host tier when that is cheaper than recomputing
+    /// them (and the only way out for non-recomputable ones).
+    pub enabled: bool,
+    /// Copy bandwidth per direction in GB/s (10⁹ bytes per second, so bytes
+    /// per ns numerically). `None`: the adapter measures it at start-up; a
+    /// runtime without either refuses to start with swap on.
+    pub bandwidth_gbps: Option<f64>,
+    /// The most bytes the host tier may hold; `None` is unbounded.
+    pub host_budget: Option<HostBudget>,
+}
+
+/// The host tier's size: bytes, or a percentage of the device budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HostBudget {
+    /// At most this many bytes.
+    Bytes(u64),
+    /// At most this percentage of the device budget (may exceed 100).
+    PercentOfBudget(f64),
+}
+
+impl HostBudget {
+    /// The budget in bytes for a device budget of `device` bytes (`None`:
+    /// unbounded device budget and a percentage: unbounded).
+    pub fn bytes(self, device: Option<u64>) -> Option<u64> {
+        match self {
+            HostBudget::Bytes(b) => Some(b),
+            HostBudget::PercentOfBudget(p) => device.map(|d| (d as f64 * p / 100.0) as u64),
+        }
+    }
+}
+
+impl fmt::Display for HostBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostBudget::Bytes(b) => write!(f, "{b}"),
+            HostBudget::PercentOfBudget(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+/// A value's bytes in the host tier, as the adapter's [`HostTransfer`] made
+/// them (a pinned host block, a CPU tensor, nothing for trace replay).
+pub struct HostValue(Box<dyn Any + Send>);
+
+impl HostValue {
+    /// Wrap an adapter's host copy.
+    pub fn new<T: Any + Send>(value: T) -> Self {
+        Self(Box::new(value))
+    }
+
+    /// The host copy, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for HostValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HostValue(..)")
+    }
+}
+
+/// Why a copy between the device and the host tier failed. The runtime loses
+/// nothing when one does: a failed swap-out leaves the value resident; a
+/// failed swap-in leaves the host copy in place and the device usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{direction} copy of {bytes} B failed: {message}")]
+pub struct TransferError {
+    /// `"device-to-host"` or `"host-to-device"`.
+    pub direction: &'static str,
+    /// Bytes of the storage.
+    pub bytes: u64,
+    /// The adapter's message (driver error, host budget, injected failure).
+    pub message: String,
+}
+
+impl TransferError {
+    /// A failed swap-out.
+    pub fn to_host(bytes: u64, message: impl Into<String>) -> Self {
+        Self {
+            direction: "device-to-host",
+            bytes,
+            message: message.into(),
+        }
+    }
+
+    /// A failed swap-in.
+    pub fn to_device(bytes: u64, message: impl Into<String>) -> Self {
+        Self {
+            direction: "host-to-device",
+            bytes,
+            message: message.into(),
+        }
+    }
+}
+
+/// The adapter's copies between device values `V` and the host tier. Each
+/// call returns once its copy is complete (an asynchronous engine waits on
+/// its event before returning), and leaves its argument untouched.
+pub trait HostTransfer<V>: Send {
+    /// Copy `value` (a storage of `bytes` bytes) to the host tier.
+    fn to_host(&mut self, value: &V, bytes: u64) -> Result<HostValue, TransferError>;
+    /// Copy `host` back to the device, bit for bit.
+    fn to_device(&mut self, host: &HostValue, bytes: u64) -> Result<V, TransferError>;
+}
+
+/// The transfer of value-free runtimes (trace replay, `V = ()`): nothing to
+/// copy; only the time model and the accounting run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoValues;
+
+impl HostTransfer<()> for NoValues {
+    fn to_host(&mut self, _: &(), _: u64) -> Result<HostValue, TransferError> {
+        Ok(HostValue::new(()))
+    }
+
+    fn to_device(&mut self, _: &HostValue, _: u64) -> Result<(), TransferError> {
+        Ok(())
+    }
+}
+
+/// One copy engine per direction, concurrent with compute. Times are ns of
+/// the runtime's wall clock: compute, recomputation and stalls so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CopyEngines {
+    /// ns per byte per direction (1 ÷ GB/s).
+    pub ns_per_byte: f64,
+    /// When the device-to-host engine is next free.
+    pub d2h_free_at: f64,
+    /// When the host-to-device engine is next free.
+    pub h2d_free_at: f64,
+}
+
+impl CopyEngines {
+    /// Engines of `gbps` GB/s per direction, both idle.
+    pub fn new(gbps: f64) -> Self {
+        Self {
+            ns_per_byte: 1.0 / gbps,
+            d2h_free_at: 0.0,
+            h2d_free_at: 0.0,
+        }
+    }
+
+    /// A copy of `bytes` to the host issued at `now` whose memory is needed
+    /// at once: the stall (ns) until it completes.
+    pub fn swap_out_now(&mut self, now: f64, bytes: u64) -> f64 {
+        let done = self.d2h_free_at.max(now) + bytes as f64 * self.ns_per_byte;
+        self.d2h_free_at = done;
+        done - now
+    }
+
+    /// A copy of `bytes` back to the device issued at `now` and read at once:
+    /// the stall (ns) until it completes.
+    pub fn swap_in_now(&mut self, now: f64, bytes: u64) -> f64 {
+        let done = self.h2d_free_at.max(now) + bytes as f64 * self.ns_per_byte;
+        self.h2d_free_at = done;
+        done - now
+    }
+
+    /// The price of swapping `bytes` online: one copy out and one back, each
+    /// waited for (ns).
+    pub fn round_trip(&self, bytes: u64) -> f64 {
+        2.0 * bytes as f64 * self.ns_per_byte
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_queue_per_direction_and_overlap_across() {
+        // 1 GB/s: 1 ns per byte.
+        let mut e = CopyEngines::new(1.0);
+        assert_eq!(e.swap_out_now(0.0, 100), 100.0);
+        // The engine is busy until 100: a second copy issued at 50 waits.
+        assert_eq!(e.swap_out_now(50.0, 100), 150.0);
+        // The other direction is free.
+        assert_eq!(e.swap_in_now(50.0, 10), 10.0);
+        // Issued after the engine went idle: only its own time.
+        assert_eq!(e.swap_out_now(1000.0, 1), 1.0);
+        assert_eq!(e.round_trip(7), 14.0);
+    }
+
+    #[test]
+    fn host_budget_in_bytes_and_percent() {
+        assert_eq!(HostBudget::Bytes(5).bytes(None), Some(5));
+        assert_eq!(
+            HostBudget::PercentOfBudget(250.0).bytes(Some(100)),
+            Some(250)
+        );
+        assert_eq!(HostBudget::PercentOfBudget(50.0).bytes(None), None);
+        assert_eq!(HostBudget::PercentOfBudget(50.0).to_string(), "50%");
+    }
+
+    #[test]
+    fn no_values_round_trips() {
+        let mut t = NoValues;
+        let h = t.to_host(&(), 8).unwrap();
+        assert!(h.downcast_ref::<()>().is_some());
+        t.to_device(&h, 8).unwrap();
+    }
+}

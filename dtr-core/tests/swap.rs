@@ -1,0 +1,316 @@
+//! The host tier (issue 33): swapping instead of recomputing, chosen by cost;
+//! parameters that leave the device between uses; copies that fail without
+//! losing anything; the host budget; the config's typed errors.
+
+use std::sync::{Arc, Mutex};
+
+use remat_dtr::{
+    BudgetMode, DtrConfig, Error, HostBudget, HostTransfer, HostValue, OutputSpec, PolicyKind,
+    Runtime, TensorId, TransferError,
+};
+
+mod common;
+use common::{mix, op};
+
+/// A copy engine for `u64` values that counts its copies and fails on
+/// request (the next `fail_out` swap-outs, the next `fail_in` swap-ins).
+#[derive(Default)]
+struct Faults {
+    fail_out: u32,
+    fail_in: u32,
+    outs: u32,
+    ins: u32,
+}
+
+struct Copier(Arc<Mutex<Faults>>);
+
+impl HostTransfer<u64> for Copier {
+    fn to_host(&mut self, value: &u64, bytes: u64) -> Result<HostValue, TransferError> {
+        let mut f = self.0.lock().unwrap();
+        if f.fail_out > 0 {
+            f.fail_out -= 1;
+            return Err(TransferError::to_host(bytes, "injected"));
+        }
+        f.outs += 1;
+        Ok(HostValue::new(*value))
+    }
+
+    fn to_device(&mut self, host: &HostValue, bytes: u64) -> Result<u64, TransferError> {
+        let mut f = self.0.lock().unwrap();
+        if f.fail_in > 0 {
+            f.fail_in -= 1;
+            return Err(TransferError::to_device(bytes, "injected"));
+        }
+        f.ins += 1;
+        host.downcast_ref::<u64>()
+            .copied()
+            .ok_or_else(|| TransferError::to_device(bytes, "not a u64"))
+    }
+}
+
+fn config(budget: u64, gbps: Option<f64>) -> DtrConfig {
+    DtrConfig::default()
+        .with_budget(budget)
+        .with_budget_mode(BudgetMode::Logical)
+        .with_policy(PolicyKind::DtrEq)
+        .with_sampling(false)
+        .with_plan_ahead(false)
+        .with_swap(gbps)
+}
+
+fn runtime(config: DtrConfig) -> (Runtime<u64>, Arc<Mutex<Faults>>) {
+    let faults = Arc::new(Mutex::new(Faults::default()));
+    let mut rt = Runtime::new(config).unwrap();
+    rt.set_host_transfer(Box::new(Copier(Arc::clone(&faults))))
+        .unwrap();
+    (rt, faults)
+}
+
+/// `layers` parameters of `bytes` each and a chain through them: a forward
+/// pass whose every step reads one parameter. Returns the output's value.
+fn forward(rt: &mut Runtime<u64>, params: &[TensorId], x: TensorId, bytes: u64) -> TensorId {
+    let mut h = x;
+    for (k, &p) in params.iter().enumerate() {
+        let next = rt
+            .apply(
+                op(k as u64 + 7, 1),
+                &[h, p],
+                &[OutputSpec::fresh(bytes)],
+                1000,
+            )
+            .unwrap()[0];
+        rt.check_invariants().unwrap();
+        if h != x {
+            rt.release(h).unwrap();
+        }
+        h = next;
+    }
+    h
+}
+
+fn expected(params: &[u64], x: u64) -> u64 {
+    let mut h = x;
+    for (k, &p) in params.iter().enumerate() {
+        h = mix(mix(mix(k as u64 + 7, h), p), 0);
+    }
+    h
+}
+
+#[test]
+fn parameters_leave_the_device_between_uses_and_come_back_bit_identical() {
+    // Ten 100-byte parameters and a 100-byte activation under a 400-byte
+    // budget: without swap the parameters alone (1 000 B, not recomputable)
+    // do not fit.
+    let values: Vec<u64> = (0..10).map(|k| mix(k, 99)).collect();
+    let mut plain = Runtime::new(config(400, None)).unwrap();
+    let mut failed = None;
+    for &v in &values {
+        if let Err(e) = plain.put(v, 100) {
+            failed = Some(e);
+            break;
+        }
+    }
+    assert!(
+        matches!(failed, Some(Error::ImpossibleBudget(_))),
+        "without swap: {failed:?}"
+    );
+
+    let (mut rt, faults) = runtime(config(400, Some(24.0)));
+    let params: Vec<TensorId> = values.iter().map(|&v| rt.put(v, 100).unwrap()).collect();
+    let x = rt.put(5, 100).unwrap();
+    for step in 0..3 {
+        let y = forward(&mut rt, &params, x, 100);
+        assert_eq!(*rt.access(y).unwrap(), expected(&values, 5), "step {step}");
+        rt.release(y).unwrap();
+    }
+    let s = rt.stats();
+    assert!(s.swap_outs >= 10 && s.swap_ins >= 10, "{s:?}");
+    assert!(s.stall_ns > 0.0);
+    assert!(s.peak_live_bytes <= 400);
+    assert_eq!(s.swap_failures, 0);
+    let f = faults.lock().unwrap();
+    assert_eq!(
+        (f.outs as u64, f.ins as u64),
+        (s.swap_outs, s.swap_ins),
+        "every swap is one copy"
+    );
+    drop(f);
+    // Every parameter reads back its own value.
+    for (&p, &v) in params.iter().zip(&values) {
+        assert_eq!(*rt.access(p).unwrap(), v);
+    }
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn a_swap_does_not_cascade() {
+    // A chain whose every link is expensive to recompute and cheap to copy:
+    // reading its first link back after the chain ran costs one copy, no
+    // replay.
+    let (mut rt, _) = runtime(config(300, Some(1000.0)));
+    let x = rt.put(1, 100).unwrap();
+    let mut chain = vec![x];
+    for k in 0..6 {
+        let prev = *chain.last().unwrap();
+        let t = rt
+            .apply(op(k, 1), &[prev], &[OutputSpec::fresh(100)], 1_000_000)
+            .unwrap()[0];
+        chain.push(t);
+        rt.check_invariants().unwrap();
+    }
+    let before = rt.stats().clone();
+    let first = *rt.access(chain[1]).unwrap();
+    let s = rt.stats();
+    assert_eq!(s.rematerializations, before.rematerializations, "{s:?}");
+    assert!(s.swap_ins > before.swap_ins);
+    assert_eq!(first, mix(mix(0, 1), 0));
+    assert_eq!(
+        rt.stats().evictions,
+        0,
+        "recomputing costs 1 ms, a copy 0.2 µs"
+    );
+}
+
+#[test]
+fn cheap_ops_are_recomputed_not_swapped() {
+    // A copy at 0.001 GB/s costs 200 000 ns for 100 bytes: recomputing a
+    // 1 ns op is cheaper, so nothing recomputable is swapped.
+    let (mut rt, _) = runtime(config(300, Some(0.001)));
+    let x = rt.put(1, 100).unwrap();
+    let mut prev = x;
+    for k in 0..8 {
+        prev = rt
+            .apply(op(k, 1), &[prev], &[OutputSpec::fresh(100)], 1)
+            .unwrap()[0];
+    }
+    rt.access(prev).unwrap();
+    let s = rt.stats();
+    assert!(s.evictions > 0, "{s:?}");
+    assert_eq!(s.swap_outs, 0, "{s:?}");
+}
+
+#[test]
+fn a_failed_swap_out_leaves_the_value_resident_and_the_run_goes_on() {
+    let (mut rt, faults) = runtime(config(400, Some(24.0)));
+    let values: Vec<u64> = (0..6).map(|k| mix(k, 3)).collect();
+    let params: Vec<TensorId> = values.iter().map(|&v| rt.put(v, 100).unwrap()).collect();
+    let x = rt.put(9, 100).unwrap();
+    faults.lock().unwrap().fail_out = 3;
+    let y = forward(&mut rt, &params, x, 100);
+    assert_eq!(*rt.access(y).unwrap(), expected(&values, 9));
+    let s = rt.stats();
+    assert_eq!(s.swap_failures, 3, "{s:?}");
+    for (&p, &v) in params.iter().zip(&values) {
+        assert_eq!(*rt.access(p).unwrap(), v);
+    }
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn a_failed_swap_in_is_a_typed_error_that_loses_nothing() {
+    let (mut rt, faults) = runtime(config(300, Some(24.0)));
+    let a = rt.put(11, 100).unwrap();
+    let b = rt.put(22, 100).unwrap();
+    let c = rt.put(33, 100).unwrap();
+    // A fourth cannot fit without swapping one of the three out.
+    let d = rt.put(44, 100).unwrap();
+    let swapped: Vec<TensorId> = [a, b, c]
+        .into_iter()
+        .filter(|&t| rt.is_swapped(t).unwrap())
+        .collect();
+    assert_eq!(swapped.len(), 1);
+    let t = swapped[0];
+    faults.lock().unwrap().fail_in = 1;
+    match rt.access(t) {
+        Err(Error::Transfer(e)) => assert_eq!(e.direction, "host-to-device"),
+        other => panic!("expected a transfer error, got {other:?}"),
+    }
+    rt.check_invariants().unwrap();
+    assert!(rt.is_swapped(t).unwrap(), "the host copy stays");
+    // The device is usable and the value intact: the next read succeeds.
+    let want = [(a, 11), (b, 22), (c, 33), (d, 44)];
+    for (t, v) in want {
+        assert_eq!(*rt.access(t).unwrap(), v);
+    }
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn the_host_budget_is_kept_and_a_full_host_tier_is_an_impossible_budget() {
+    let c = config(300, Some(24.0)).with_host_budget(Some(HostBudget::Bytes(200)));
+    let (mut rt, _) = runtime(c);
+    let ts: Vec<TensorId> = (0..5).map(|k| rt.put(k, 100).unwrap()).collect();
+    assert_eq!(rt.stats().host_bytes, 200);
+    // A sixth: 300 B on the device, 200 B on the host, nothing recomputable.
+    match rt.put(5, 100) {
+        Err(Error::ImpossibleBudget(_)) => {}
+        other => panic!("expected an impossible budget, got {other:?}"),
+    }
+    assert!(rt.stats().swap_refusals > 0);
+    rt.check_invariants().unwrap();
+    // Both tiers are full: reading a swapped one back needs device room, which
+    // a swap-out would make only with host room. Typed, not a hang.
+    let swapped = *ts.iter().find(|&&t| rt.is_swapped(t).unwrap()).unwrap();
+    assert!(matches!(
+        rt.access(swapped),
+        Err(Error::ImpossibleBudget(_))
+    ));
+    rt.check_invariants().unwrap();
+    // Drop one resident tensor: then every other reads back, each read that
+    // swaps in making host room for the next swap-out.
+    let resident = *ts.iter().find(|&&t| !rt.is_swapped(t).unwrap()).unwrap();
+    rt.release(resident).unwrap();
+    for (k, &t) in ts.iter().enumerate().filter(|&(_, &t)| t != resident) {
+        assert_eq!(*rt.access(t).unwrap(), k as u64);
+        rt.check_invariants().unwrap();
+    }
+    assert!(rt.stats().peak_host_bytes <= 200);
+}
+
+#[test]
+fn swap_on_without_a_bandwidth_names_the_key() {
+    let mut c = config(300, None);
+    c.swap.enabled = true;
+    let mut rt: Runtime<u64> = Runtime::new(c).unwrap();
+    let e = rt
+        .set_host_transfer(Box::new(Copier(Arc::default())))
+        .unwrap_err();
+    assert!(e.to_string().contains("swap_bandwidth"), "{e}");
+    assert!(!rt.swap_enabled());
+    // Swap off in the config: the transfer is kept unused.
+    let mut rt: Runtime<u64> = Runtime::new(config(300, None)).unwrap();
+    rt.set_host_transfer(Box::new(Copier(Arc::default())))
+        .unwrap();
+    assert!(!rt.swap_enabled());
+}
+
+#[test]
+fn training_steps_swap_across_boundaries_bit_identically() {
+    // Parameters updated in place each step (a new version by `mutate`),
+    // under a budget smaller than the parameters: three steps with swap equal
+    // three steps without a budget.
+    let run = |budget: Option<u64>| -> Vec<u64> {
+        let mut c = config(budget.unwrap_or(u64::MAX), Some(24.0)).with_plan_ahead(true);
+        c.budget = budget;
+        let (mut rt, _) = runtime(c);
+        let params: Vec<TensorId> = (0..8).map(|k| rt.put(mix(k, 1), 100).unwrap()).collect();
+        let mut losses = Vec::new();
+        for step in 0..3u64 {
+            let x = rt.put(step, 100).unwrap();
+            let y = forward(&mut rt, &params, x, 100);
+            losses.push(*rt.access(y).unwrap());
+            rt.release(y).unwrap();
+            rt.release(x).unwrap();
+            for &p in &params {
+                rt.mutate(op(100 + step, 1), &[p], &[0], 10).unwrap();
+            }
+            rt.end_iteration().unwrap();
+            rt.check_invariants().unwrap();
+        }
+        for &p in &params {
+            losses.push(*rt.access(p).unwrap());
+        }
+        losses
+    };
+    assert_eq!(run(Some(400)), run(None));
+}
