@@ -72,6 +72,9 @@ pub(crate) struct StorageRec {
     /// while set, a storage that cannot be recomputed is no candidate. Cleared
     /// when the host tier gives bytes back.
     pub swap_refused: bool,
+    /// The host tier holds a copy of its value: it is swapped, or resident
+    /// with a clean copy (see [`crate::HostTransfer::values_immutable`]).
+    pub host_copy: bool,
 }
 
 impl StorageRec {
@@ -220,12 +223,14 @@ impl Graph {
             && r.bytes >= self.min_evictee_bytes
     }
 
-    /// The online price (ns) of swapping `s`: a copy out and a copy back, each
-    /// waited for; `None` with swap off.
+    /// The online price (ns) of swapping `s`: a copy out (none when the
+    /// host tier holds a clean copy) and a copy back, each waited for; `None`
+    /// with swap off.
     #[inline]
     pub(crate) fn swap_price(&self, s: StorageId) -> Option<f64> {
-        self.swap_ns_per_byte
-            .map(|k| 2.0 * self.st(s).bytes as f64 * k)
+        let r = self.st(s);
+        let copies = if r.host_copy { 1.0 } else { 2.0 };
+        self.swap_ns_per_byte.map(|k| copies * r.bytes as f64 * k)
     }
 
     /// What evicting `s` costs when recomputing it is priced `recompute`: the
@@ -241,12 +246,18 @@ impl Graph {
     }
 
     /// Whether the runtime should swap `s` rather than evict it for
-    /// recomputation, whose price by the union-find's e* is `e_star`.
-    pub(crate) fn prefers_swap(&self, s: StorageId, e_star: f64) -> bool {
+    /// recomputation, which would cost `recompute` (ns) at its next use.
+    pub(crate) fn prefers_swap(&self, s: StorageId, recompute: f64) -> bool {
         match self.swap_price(s) {
             None => false,
-            Some(swap) => !self.st(s).recomputable || swap < e_star,
+            Some(swap) => !self.st(s).recomputable || swap < recompute,
         }
+    }
+
+    /// What regenerating `s` alone would replay: its own cost plus its
+    /// evicted ancestors', visiting at most `max_nodes` of them (ns).
+    pub(crate) fn regeneration_cost(&mut self, s: StorageId, max_nodes: usize) -> f64 {
+        self.st(s).cost + self.bounded_region(s, &[true], max_nodes, |r| r.cost)
     }
 
     /// Add `s` to the candidates if eligible and absent.

@@ -75,8 +75,12 @@ pub struct RuntimeStats {
     /// Compute stalled waiting for copies to or from the host tier (ns): a
     /// swap-out whose memory was needed, a swap-in read at once.
     pub stall_ns: f64,
-    /// Storages swapped out to the host tier.
+    /// Storages swapped out to the host tier (those of
+    /// [`RuntimeStats::clean_swap_outs`] included).
     pub swap_outs: u64,
+    /// Of [`RuntimeStats::swap_outs`]: storages whose clean host copy was
+    /// still valid, so nothing was copied.
+    pub clean_swap_outs: u64,
     /// Storages swapped back in.
     pub swap_ins: u64,
     /// Bytes copied to the host tier.

@@ -140,6 +140,17 @@ pub trait HostTransfer<V>: Send {
     fn to_host(&mut self, value: &V, bytes: u64) -> Result<HostValue, TransferError>;
     /// Copy `host` back to the device, bit for bit.
     fn to_device(&mut self, host: &HostValue, bytes: u64) -> Result<V, TransferError>;
+
+    /// Whether a resident value can change only through the runtime (a new
+    /// version by [`crate::Runtime::mutate`]), never in place behind its
+    /// back. Then the host copy of a storage swapped back in stays valid
+    /// (*clean*) while the storage is resident, and its next swap-out copies
+    /// nothing (as an OS drops a clean page). Default `false`: every swap-out
+    /// copies. Even when `true`, [`crate::Runtime::pin`] (handing a value to
+    /// code outside the runtime) drops the clean copy.
+    fn values_immutable(&self) -> bool {
+        false
+    }
 }
 
 /// The transfer of value-free runtimes (trace replay, `V = ()`): nothing to
@@ -154,6 +165,11 @@ impl HostTransfer<()> for NoValues {
 
     fn to_device(&mut self, _: &HostValue, _: u64) -> Result<(), TransferError> {
         Ok(())
+    }
+
+    /// Trace values change only by `MUTATE`, which makes a new version.
+    fn values_immutable(&self) -> bool {
+        true
     }
 }
 

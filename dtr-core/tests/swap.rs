@@ -20,6 +20,8 @@ struct Faults {
     fail_in: u32,
     outs: u32,
     ins: u32,
+    /// Declare the values immutable behind the runtime's back (clean copies).
+    immutable: bool,
 }
 
 struct Copier(Arc<Mutex<Faults>>);
@@ -46,6 +48,10 @@ impl HostTransfer<u64> for Copier {
             .copied()
             .ok_or_else(|| TransferError::to_device(bytes, "not a u64"))
     }
+
+    fn values_immutable(&self) -> bool {
+        self.0.lock().unwrap().immutable
+    }
 }
 
 fn config(budget: u64, gbps: Option<f64>) -> DtrConfig {
@@ -59,7 +65,14 @@ fn config(budget: u64, gbps: Option<f64>) -> DtrConfig {
 }
 
 fn runtime(config: DtrConfig) -> (Runtime<u64>, Arc<Mutex<Faults>>) {
-    let faults = Arc::new(Mutex::new(Faults::default()));
+    runtime_with(config, false)
+}
+
+fn runtime_with(config: DtrConfig, immutable: bool) -> (Runtime<u64>, Arc<Mutex<Faults>>) {
+    let faults = Arc::new(Mutex::new(Faults {
+        immutable,
+        ..Faults::default()
+    }));
     let mut rt = Runtime::new(config).unwrap();
     rt.set_host_transfer(Box::new(Copier(Arc::clone(&faults))))
         .unwrap();
@@ -313,4 +326,59 @@ fn training_steps_swap_across_boundaries_bit_identically() {
         losses
     };
     assert_eq!(run(Some(400)), run(None));
+}
+
+#[test]
+fn clean_host_copies_make_a_second_swap_out_free_and_a_pin_drops_them() {
+    let values: Vec<u64> = (0..10).map(|k| mix(k, 5)).collect();
+    let (mut rt, faults) = runtime_with(config(400, Some(24.0)), true);
+    let params: Vec<TensorId> = values.iter().map(|&v| rt.put(v, 100).unwrap()).collect();
+    let x = rt.put(5, 100).unwrap();
+    let mut stalls = Vec::new();
+    for _ in 0..3 {
+        let before = rt.stats().stall_ns;
+        let y = forward(&mut rt, &params, x, 100);
+        assert_eq!(*rt.access(y).unwrap(), expected(&values, 5));
+        rt.release(y).unwrap();
+        stalls.push(rt.stats().stall_ns - before);
+    }
+    let s = rt.stats().clone();
+    assert!(s.clean_swap_outs > 0, "{s:?}");
+    // Every copy the engine made is a swap-out that was not clean.
+    let f = faults.lock().unwrap();
+    assert_eq!(f.outs as u64, s.swap_outs - s.clean_swap_outs);
+    drop(f);
+    // The second pass copies back in but not out again: it stalls less.
+    assert!(stalls[1] < stalls[0], "{stalls:?}");
+    rt.check_invariants().unwrap();
+    // A pin hands the value out: its clean copy goes, and the next swap-out
+    // copies again.
+    let p = params[0];
+    rt.pin(p).unwrap();
+    assert_eq!(*rt.access(p).unwrap(), values[0]);
+    rt.check_invariants().unwrap();
+    rt.unpin(p).unwrap();
+    for (&p, &v) in params.iter().zip(&values) {
+        assert_eq!(*rt.access(p).unwrap(), v);
+    }
+    rt.check_invariants().unwrap();
+}
+
+#[test]
+fn a_full_host_budget_drops_clean_copies_before_refusing() {
+    let c = config(300, Some(24.0)).with_host_budget(Some(HostBudget::Bytes(300)));
+    let (mut rt, _) = runtime_with(c, true);
+    let ts: Vec<TensorId> = (0..5).map(|k| rt.put(k, 100).unwrap()).collect();
+    // Read everything back twice: swap-ins keep clean copies, which fill the
+    // host tier; later swap-outs of other storages must make room by dropping
+    // them, never by refusing while clean copies remain.
+    for _ in 0..2 {
+        for (k, &t) in ts.iter().enumerate() {
+            assert_eq!(*rt.access(t).unwrap(), k as u64);
+            rt.check_invariants().unwrap();
+        }
+    }
+    let s = rt.stats();
+    assert!(s.peak_host_bytes <= 300, "{s:?}");
+    assert_eq!(s.swap_refusals, 0, "{s:?}");
 }

@@ -16,6 +16,8 @@ use crate::policy::{DecisionView, Request};
 
 impl<V> Runtime<V> {
     pub(super) fn evict_storage(&mut self, s: StorageId, fake_delete: bool) -> Result<()> {
+        // An evicted storage keeps no host copy.
+        self.drop_clean_copy(s);
         self.graph.withdraw(s);
         let r = self.graph.st_mut(s);
         let slot = r.slot.take();

@@ -21,13 +21,19 @@ impl<V> Runtime<V> {
             let has_copy = (self.host.as_ref())
                 .and_then(|t| t.copies.get(i as usize))
                 .is_some_and(Option::is_some);
-            if (r.residency == Residency::Swapped) != has_copy {
+            let keep_clean = self.host.as_ref().is_some_and(|t| t.keep_clean);
+            let copy_ok = match r.residency {
+                Residency::Swapped => has_copy,
+                Residency::Resident => !has_copy || keep_clean,
+                Residency::Evicted => !has_copy,
+            };
+            if !copy_ok || r.host_copy != has_copy {
                 return bad(format!(
-                    "{s:?}: residency {:?}, host copy {has_copy}",
-                    r.residency
+                    "{s:?}: residency {:?}, host copy {has_copy}, flag {}",
+                    r.residency, r.host_copy
                 ));
             }
-            if r.residency == Residency::Swapped {
+            if has_copy {
                 host += r.bytes;
             }
             if r.is_resident() != r.slot.is_some() || r.is_resident() != has_value {

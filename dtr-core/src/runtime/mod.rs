@@ -667,6 +667,7 @@ impl<V> Runtime<V> {
             seq: self.iter.next_seq(),
             epoch: self.iter.epoch,
             swap_refused: false,
+            host_copy: false,
         });
         let s = StorageId(idx);
         if self.graph.st(s).seq != NONE {
@@ -708,6 +709,8 @@ impl<V> Runtime<V> {
         let held = self.hold(&[s]);
         self.track(held)?;
         self.graph.st_mut(s).holds -= 1;
+        // Code outside the runtime may write it: a clean host copy would go stale.
+        self.drop_clean_copy(s);
         Ok(())
     }
 

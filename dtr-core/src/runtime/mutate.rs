@@ -149,6 +149,7 @@ impl<V> Runtime<V> {
                 Some(slot) => slot,
                 None => {
                     // Take over the old version's slot: it becomes an evicted record.
+                    self.drop_clean_copy(old);
                     let r = self.graph.st_mut(old);
                     let slot = r
                         .slot
