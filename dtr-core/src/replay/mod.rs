@@ -259,6 +259,20 @@ pub enum ReplayError {
     },
 }
 
+/// An impossible budget that names the op being placed: the trace's name
+/// for it (the replayer's ops are anonymous).
+fn name_the_op(e: Error, op: &str) -> Error {
+    match e {
+        Error::ImpossibleBudget(mut r) => {
+            if let Some(w) = r.op.as_mut() {
+                w.name = op.to_string();
+            }
+            Error::ImpossibleBudget(r)
+        }
+        e => e,
+    }
+}
+
 fn median(v: &mut [u32]) -> u64 {
     if v.is_empty() {
         return 0;
@@ -421,10 +435,10 @@ impl<'t> Driver<'t, '_> {
                 }
             }
             Instruction::Call {
+                op,
                 args,
                 results,
                 time_ns,
-                ..
             } => {
                 let mut specs = vec![OutputSpec::fresh(0); results.len()];
                 let mut sizes = vec![0u64; results.len()];
@@ -466,6 +480,7 @@ impl<'t> Driver<'t, '_> {
                 }
                 self.rt
                     .apply(self.ops[fresh].clone(), &inputs, &specs, *time_ns)
+                    .map_err(|e| name_the_op(e, op))
                     .and_then(|outs| {
                         for ((r, t), spec) in results.iter().zip(outs).zip(&specs) {
                             if let (Some(tr), OutputSpec::Fresh { .. }) =
@@ -485,10 +500,10 @@ impl<'t> Driver<'t, '_> {
                     })
             }
             Instruction::Mutate {
+                name: op,
                 args,
                 mutate,
                 time_ns,
-                ..
             } => {
                 let inputs = args
                     .iter()
@@ -509,6 +524,7 @@ impl<'t> Driver<'t, '_> {
                 }
                 self.rt
                     .mutate(self.ops[storages.len()].clone(), &inputs, mutate, *time_ns)
+                    .map_err(|e| name_the_op(e, op))
                     .map(|()| {
                         // One new version per distinct mutated storage, in order.
                         if let Some(tr) = self.tracker.as_deref_mut() {

@@ -480,7 +480,8 @@ impl<V> Runtime<V> {
         // chain of n ops cost n(n-1)/2 rematerializations).
         let mut unique = in_storages.clone();
         self.creation_order(&mut unique);
-        self.hold(&unique)?;
+        self.hold(&unique)
+            .map_err(|e| self.name_op_working_set(e, &op, &unique, &fresh))?;
         let result = match self.evict_to_threshold() {
             Ok(()) => self.place_and_compute(&op, &in_storages, &fresh, given),
             Err(e) => Err(e),
@@ -595,7 +596,7 @@ impl<V> Runtime<V> {
 
     /// An impossible budget while placing `op`'s outputs: when the op's own
     /// inputs (`unique`) and fresh outputs exceed the budget, say so by name.
-    fn name_op_working_set(
+    pub(super) fn name_op_working_set(
         &self,
         e: Error,
         op: &Arc<dyn OpHandle<V>>,

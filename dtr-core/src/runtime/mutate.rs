@@ -77,7 +77,8 @@ impl<V> Runtime<V> {
                 }
             }
         }
-        self.hold(&unique)?;
+        self.hold(&unique)
+            .map_err(|e| self.name_op_working_set(e, &op, &unique, &[]))?;
         // Copy on write where the old version must stay readable and resident.
         let mut cow = Vec::new();
         for &t in &targets {
@@ -120,6 +121,7 @@ impl<V> Runtime<V> {
         let now = self.graph.clock + cost_ns as f64;
         let (Some(values), None) = (values, failed.as_ref()) else {
             let e = failed.unwrap_or_else(|| Error::Internal("mutate failed".into()));
+            let e = self.name_op_working_set(e, &op, &unique, &cow_sizes);
             self.free_slots(slots.into_iter().flatten().collect());
             for &s in &unique {
                 self.unpin_storage(s, true);

@@ -299,10 +299,16 @@ impl<V> Runtime<V> {
             .iter()
             .map(|&(_, s)| self.graph.st(s).bytes)
             .collect();
-        let slots = self.place_all(&sizes)?;
         let handle = self.handles[op.0 as usize]
             .clone()
             .ok_or_else(|| Error::Internal("op without handle".into()))?;
+        let slots = match self.place_all(&sizes) {
+            Ok(slots) => slots,
+            Err(e) => {
+                let unique = self.graph.ops[op.0].unique_inputs.clone();
+                return Err(self.name_op_working_set(e, &handle, &unique, &sizes));
+            }
+        };
         let rec = &self.graph.ops[op.0];
         let (cost, n_out) = (rec.cost, rec.outputs.len());
         let inputs = rec.inputs.clone();
