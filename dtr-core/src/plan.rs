@@ -63,9 +63,10 @@ impl IterationPlan {
         }
     }
 
-    /// Allocations placed before the iteration starts (the boundary's storages).
+    /// Allocations placed before the iteration starts (the boundary's
+    /// resident storages; its swapped ones have no place until read).
     pub fn prefix_len(&self) -> usize {
-        self.recording.start.storages.len()
+        self.recording.start.resident().len()
     }
 }
 
@@ -89,6 +90,18 @@ pub enum StepKind {
     /// The allocation failed as impossible: a regeneration then retries in
     /// another order. The executor fails it too, so both take the same path.
     Fail,
+    /// Swap this storage out to the host tier: the candidate (or, `parked`,
+    /// the finished input of a pending regeneration) with this sequence
+    /// number, or (`prefix`) the storage at this position of the boundary
+    /// the iteration started from ([`crate::Boundary::storages`]).
+    SwapOut {
+        /// Sequence number, or boundary position with `prefix`.
+        at: u32,
+        /// `at` is a boundary position.
+        prefix: bool,
+        /// The storage is parked (see [`StepKind::EvictParked`]).
+        parked: bool,
+    },
 }
 
 /// Where a running iteration is in its plan.

@@ -269,21 +269,31 @@ impl Call<'_> {
 /// iteration starts with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Boundary {
-    /// Bytes of each resident storage, in the order their oldest live tensor
+    /// Bytes of each storage whose value is live at the boundary: the
+    /// resident ones first, then the last [`Boundary::swapped`] ones, which
+    /// are in the host tier; each group in the order its oldest live tensor
     /// was made (a mutation, which renews a storage's version, does not move
     /// it), storages without a live tensor last.
     pub storages: Vec<u64>,
     /// Each live tensor, in its storage's order (tensors whose storage is not
     /// resident last), then in the order the tensors were made: the position
-    /// of its storage in [`Boundary::storages`] (`None`: its storage is not
-    /// resident) and its handle count.
+    /// of its storage in [`Boundary::storages`] (`None`: its storage is
+    /// evicted, so its value is stale) and its handle count.
     pub tensors: Vec<(Option<u32>, u32)>,
+    /// How many of [`Boundary::storages`], at its end, are swapped to the
+    /// host tier (0 with swap off).
+    pub swapped: u32,
 }
 
 impl Boundary {
+    /// The resident storages (the first of [`Boundary::storages`]).
+    pub fn resident(&self) -> &[u64] {
+        &self.storages[..self.storages.len() - self.swapped as usize]
+    }
+
     /// Bytes resident at the boundary.
     pub fn resident_bytes(&self) -> u64 {
-        self.storages.iter().sum()
+        self.resident().iter().sum()
     }
 }
 
@@ -634,6 +644,7 @@ mod tests {
     fn a_first_step_carries_to_its_end_without_what_it_put_and_kept() {
         let rec = first_step();
         let boundary = Boundary {
+            swapped: 0,
             storages: vec![64],
             tensors: vec![(Some(0), 1)],
         };
@@ -695,6 +706,7 @@ mod tests {
             reads: vec![vec![], vec![0], vec![0], vec![], vec![], vec![2], vec![]],
         };
         let boundary = Boundary {
+            swapped: 0,
             storages: vec![64],
             tensors: vec![(Some(0), 1)],
         };
@@ -710,6 +722,7 @@ mod tests {
         // keeps a third: at the boundary the second is first, the put second.
         let rec = Recording {
             start: Boundary {
+                swapped: 0,
                 storages: vec![8, 16],
                 tensors: vec![(Some(0), 1), (Some(1), 1)],
             },
@@ -725,6 +738,7 @@ mod tests {
             reads: vec![vec![], vec![0], vec![], vec![]],
         };
         let boundary = Boundary {
+            swapped: 0,
             storages: vec![16, 32],
             tensors: vec![(Some(0), 1), (Some(1), 1)],
         };
@@ -758,6 +772,7 @@ mod tests {
     fn what_cannot_be_carried_is_refused_with_its_reason() {
         let rec = first_step();
         let boundary = Boundary {
+            swapped: 0,
             storages: vec![64, 16],
             tensors: vec![(Some(0), 1), (Some(1), 1)],
         };
@@ -773,12 +788,14 @@ mod tests {
         // A start tensor the step read but did not keep.
         let mut later = rec.clone();
         later.start = Boundary {
+            swapped: 0,
             storages: vec![8],
             tensors: vec![(Some(0), 1)],
         };
         later.events.push(Event::Access(Ref::Prefix(0)));
         later.reads.push(vec![]);
         let one = Boundary {
+            swapped: 0,
             storages: vec![64],
             tensors: vec![(Some(0), 1)],
         };

@@ -203,6 +203,16 @@ impl CopyEngines {
         done - now
     }
 
+    /// A copy of `bytes` to the host that could start at `issue` (≤ `now`:
+    /// a plan knows at a storage's last use that it will swap it, and its
+    /// value no longer changes) and whose memory is needed at `now`: the
+    /// stall (ns) until it completes, 0 when it completed already.
+    pub fn swap_out_ahead(&mut self, issue: f64, now: f64, bytes: u64) -> f64 {
+        let done = self.d2h_free_at.max(issue.min(now)) + bytes as f64 * self.ns_per_byte;
+        self.d2h_free_at = done;
+        (done - now).max(0.0)
+    }
+
     /// A copy of `bytes` back to the device issued at `now` and read at once:
     /// the stall (ns) until it completes.
     pub fn swap_in_now(&mut self, now: f64, bytes: u64) -> f64 {
@@ -233,6 +243,12 @@ mod tests {
         assert_eq!(e.swap_in_now(50.0, 10), 10.0);
         // Issued after the engine went idle: only its own time.
         assert_eq!(e.swap_out_now(1000.0, 1), 1.0);
+        // Issued ahead, at a last use: done before it is needed, no stall;
+        // the engine is busy until then.
+        assert_eq!(e.swap_out_ahead(1100.0, 1500.0, 100), 0.0);
+        assert_eq!(e.d2h_free_at, 1200.0);
+        // Ahead, but queued behind that copy: stalls for the rest.
+        assert_eq!(e.swap_out_ahead(1150.0, 1250.0, 100), 50.0);
         assert_eq!(e.round_trip(7), 14.0);
     }
 

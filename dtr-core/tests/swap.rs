@@ -382,3 +382,44 @@ fn a_full_host_budget_drops_clean_copies_before_refusing() {
     assert!(s.peak_host_bytes <= 300, "{s:?}");
     assert_eq!(s.swap_refusals, 0, "{s:?}");
 }
+
+#[test]
+fn plans_swap_parameters_and_are_followed_without_divergence() {
+    // Ten parameters that do not fit beside the activations: every step
+    // must swap. From the third step on, a plan (made from the step before,
+    // swaps included) is followed to the end, and the values are those of
+    // an unbounded run.
+    let run = |budget: Option<u64>| -> (Vec<u64>, Vec<(bool, u32, u64)>) {
+        let mut c = config(budget.unwrap_or(u64::MAX), Some(24.0)).with_plan_ahead(true);
+        c.budget = budget;
+        let (mut rt, _) = runtime_with(c, true);
+        let params: Vec<TensorId> = (0..10).map(|k| rt.put(mix(k, 2), 100).unwrap()).collect();
+        let mut out = Vec::new();
+        let mut followed = Vec::new();
+        for step in 0..5u64 {
+            let swaps = rt.stats().swap_outs;
+            let x = rt.put(step, 100).unwrap();
+            let y = forward(&mut rt, &params, x, 100);
+            out.push(*rt.access(y).unwrap());
+            rt.release(y).unwrap();
+            rt.release(x).unwrap();
+            let swaps = rt.stats().swap_outs - swaps;
+            let report = rt.end_iteration().unwrap();
+            followed.push((report.planned, report.divergences, swaps));
+            rt.check_invariants().unwrap();
+        }
+        for &p in &params {
+            out.push(*rt.access(p).unwrap());
+        }
+        (out, followed)
+    };
+    let (plain, _) = run(None);
+    let (swapped, followed) = run(Some(500));
+    assert_eq!(swapped, plain);
+    assert!(
+        followed[2..]
+            .iter()
+            .all(|&(p, d, swaps)| p && d == 0 && swaps > 0),
+        "steps 3 to 5 follow their plans, which swap: {followed:?}"
+    );
+}

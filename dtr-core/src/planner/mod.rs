@@ -771,7 +771,13 @@ fn simulate(
         inner,
         log: log.clone(),
     };
+    let swap = sim_config.swap.enabled;
     let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
+    if swap {
+        // The plan may swap as the runtime would (a plan's copies are priced
+        // and timed by the same model).
+        rt.set_host_transfer(Box::new(crate::swap::NoValues))?;
+    }
     let mut events = 0;
     let ran = run(&mut rt, rec, limit_ns, &mut events);
     let work = rt.decision_work() + events;
@@ -783,7 +789,7 @@ fn simulate(
             return Ok((None, work));
         }
     }
-    let total_ns = rt.stats().total_compute_ns();
+    let total_ns = rt.stats().wall_ns();
     let peak = rt.memory_usage().peak_allocated;
     let steps = rt.take_plan_log();
     drop(rt);
@@ -814,8 +820,15 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64, events: &mut u64) -
     // One put per resident storage; its first tensor takes the put's handle,
     // further tensors on it are views.
     let mut on_storage = Vec::with_capacity(rec.start.storages.len());
-    for &bytes in &rec.start.storages {
-        on_storage.push((rt.put((), bytes)?, false));
+    let resident = rec.start.resident().len();
+    for (k, &bytes) in rec.start.storages.iter().enumerate() {
+        let t = if k < resident {
+            rt.put((), bytes)?
+        } else {
+            // In the host tier at the boundary: no place until it is read.
+            rt.put_swapped(bytes)?
+        };
+        on_storage.push((t, false));
     }
     let mut prefix: Vec<Option<TensorId>> = Vec::with_capacity(rec.start.tensors.len());
     for &(pos, refs) in &rec.start.tensors {
@@ -835,6 +848,8 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64, events: &mut u64) -
         }
         prefix.push(Some(t));
     }
+    let boundary: Vec<TensorId> = on_storage.iter().map(|&(t, _)| t).collect();
+    rt.set_prefix_tensors(&boundary)?;
     rt.restart_numbering(true);
     rt.set_compute_limit(Some(limit_ns * (1.0 + 1e-9)));
     let mut news: Vec<TensorId> = Vec::new();
@@ -856,7 +871,7 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64, events: &mut u64) -
     for ev in &rec.events {
         *events += 1;
         ahead -= ev.cost_ns() as f64;
-        let spent = rt.stats().total_compute_ns();
+        let spent = rt.stats().wall_ns();
         if spent + ahead.max(0.0) > limit_ns * (1.0 + 1e-9) {
             return Err(Error::ComputeLimit {
                 limit_ns,

@@ -36,6 +36,34 @@ pub(super) struct HostTier<V> {
     pub keep_clean: bool,
 }
 
+impl Runtime<()> {
+    /// A storage of `bytes` that starts in the host tier (a simulation of an
+    /// iteration whose boundary left it swapped). Needs the host tier.
+    pub(crate) fn put_swapped(&mut self, bytes: u64) -> Result<crate::TensorId> {
+        if self.host.is_none() {
+            return Err(Error::Internal(
+                "a swapped boundary storage without a host tier".into(),
+            ));
+        }
+        self.note(crate::record::Call::Put { bytes }, &[]);
+        let s = self.new_storage(bytes, None, None, 0, false, 0.0);
+        let i = s.0 as usize;
+        let Some(tier) = self.host.as_mut() else {
+            return Err(Error::Internal("no host tier".into()));
+        };
+        if tier.copies.len() <= i {
+            tier.copies.resize_with(i + 1, || None);
+        }
+        tier.copies[i] = Some(HostValue::new(()));
+        let r = self.graph.st_mut(s);
+        r.residency = Residency::Swapped;
+        r.host_copy = true;
+        self.stats.host_bytes += bytes;
+        self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+        Ok(self.new_tensor(s))
+    }
+}
+
 impl<V> Runtime<V> {
     /// Give the runtime the adapter's copies between the device and the host
     /// tier, turning swap on when the config asks for it (`swap:on` and a
@@ -114,6 +142,7 @@ impl<V> Runtime<V> {
         if self.host.is_some() {
             let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
             if self.graph.prefers_swap(s, replay) && self.swap_out(s)? {
+                self.log_swap(s, parked);
                 return Ok(true);
             }
             if !self.graph.st(s).recomputable {
@@ -168,7 +197,15 @@ impl<V> Runtime<V> {
                 tier.copies.resize_with(i + 1, || None);
             }
             tier.copies[i] = Some(copy);
-            let stall = tier.engines.swap_out_now(wall, bytes);
+            // A plan (and its simulation) knows at the storage's last use that
+            // it will swap it: the copy could start then. Online, only now.
+            let planned = self.iter.follower.following || self.iter.follower.plan_log.is_some();
+            let stall = if planned {
+                let last_use = self.graph.st(s).last_used + self.stats.stall_ns;
+                tier.engines.swap_out_ahead(last_use, wall, bytes)
+            } else {
+                tier.engines.swap_out_now(wall, bytes)
+            };
             self.stats.stall_ns += stall;
             self.stats.swapped_out_bytes += bytes;
             self.stats.host_bytes += bytes;

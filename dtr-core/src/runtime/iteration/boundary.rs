@@ -9,6 +9,7 @@ use ahash::AHashMap;
 
 use super::super::{Runtime, TensorRec};
 use crate::error::{Error, Result};
+use crate::graph::Residency;
 use crate::ids::{StorageId, TensorId};
 use crate::plan::{Cursor, IterationPlan};
 use crate::record::{Boundary, CarryRefusal, Recording, Ref};
@@ -206,7 +207,7 @@ impl<V> Runtime<V> {
             .graph
             .storages
             .iter()
-            .filter(|(_, r)| r.is_resident())
+            .filter(|(_, r)| r.is_resident() || r.residency == Residency::Swapped)
             .map(|(i, _)| (key(StorageId(i)), StorageId(i)))
             .collect();
         order.sort_unstable_by_key(|&(k, _)| k);
@@ -242,7 +243,15 @@ impl<V> Runtime<V> {
             })
             .collect();
         let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
-        (Boundary { storages, tensors }, order, ids)
+        let swapped = (order.iter())
+            .filter(|&&s| self.graph.st(s).residency == Residency::Swapped)
+            .count() as u32;
+        let boundary = Boundary {
+            storages,
+            tensors,
+            swapped,
+        };
+        (boundary, order, ids)
     }
 
     /// End the current training iteration (call it after the optimizer step).
@@ -284,7 +293,9 @@ impl<V> Runtime<V> {
         let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
         for i in ids {
             let s = StorageId(i);
-            if self.graph.st(s).is_resident() && self.graph.st(s).recomputable {
+            let r = self.graph.st(s);
+            let live = r.is_resident() || r.residency == Residency::Swapped;
+            if live && r.recomputable {
                 self.graph.withdraw(s);
                 self.graph.st_mut(s).recomputable = false;
                 // Swappable still, with swap on.
@@ -350,13 +361,14 @@ impl<V> Runtime<V> {
         };
         report.next_plan = next.as_deref().map(Into::into);
         if let Some(plan) = next.clone() {
-            self.adopt(&plan, &residents)?;
+            self.adopt(&plan, &residents[..boundary.resident().len()])?;
         }
         self.iter.follower.following = next.is_some();
         self.iter.follower.stable_order = next.is_some();
         self.iter.follower.plan = next;
         self.iter.follower.cursor = Cursor::default();
         self.iter.follower.matched = 0;
+        self.iter.set_prefix(&residents);
         self.iter.seq_storages.clear();
         self.iter.allocs = 0;
         self.iter.pos = 0;

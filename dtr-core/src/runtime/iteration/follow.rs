@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::super::Runtime;
 use crate::error::{Error, Result};
 use crate::graph::NONE;
-use crate::ids::StorageId;
+use crate::ids::{StorageId, TensorId};
 use crate::memory::arena::{arena_size, ArenaLayout, ArenaMemory};
 use crate::memory::{MemoryModel, Slot};
 use crate::plan::{Cursor, IterationPlan, PlanStep, StepKind};
@@ -56,6 +56,26 @@ impl<V> Runtime<V> {
                 StepKind::Evict(seq)
             };
             self.log_step(kind);
+        }
+    }
+
+    /// Log a swap-out of `s` (simulations that become plans): by sequence
+    /// number, else by its position in the boundary the iteration started
+    /// from. A storage neither names (past the sequence numbers' table) is
+    /// not logged: a plan follower then diverges at the allocation it made
+    /// room for.
+    pub(in crate::runtime) fn log_swap(&mut self, s: StorageId, parked: bool) {
+        if self.iter.follower.plan_log.is_none() {
+            return;
+        }
+        let seq = self.graph.st(s).seq;
+        let named = if self.iter.seq_storages.get(seq as usize) == Some(&s) {
+            Some((seq, false))
+        } else {
+            self.iter.prefix_pos.get(&s.0).map(|&p| (p, true))
+        };
+        if let Some((at, prefix)) = named {
+            self.log_step(StepKind::SwapOut { at, prefix, parked });
         }
     }
 
@@ -111,6 +131,13 @@ impl<V> Runtime<V> {
                 // The simulation found this allocation impossible here and its
                 // regeneration retried: fail it the same way.
                 StepKind::Fail => return Err(self.impossible(bytes)),
+                StepKind::SwapOut { at, prefix, parked } => {
+                    if !self.planned_swap_out(at, prefix, parked)? {
+                        self.diverge("a planned swap-out could not be taken");
+                        return Ok(None);
+                    }
+                    continue;
+                }
             };
             let s = self.iter.seq_storages.get(seq as usize).copied();
             let ok = s.is_some_and(|s| {
@@ -145,6 +172,35 @@ impl<V> Runtime<V> {
                 Ok(None)
             }
         }
+    }
+
+    /// Take a plan's swap-out: `false` when the storage it names is not
+    /// there to swap (resident, and a candidate or parked) or the host tier
+    /// refused it.
+    fn planned_swap_out(&mut self, at: u32, prefix: bool, parked: bool) -> Result<bool> {
+        let s = if prefix {
+            self.iter.prefix.get(at as usize).copied()
+        } else {
+            self.iter.seq_storages.get(at as usize).copied()
+        };
+        let Some(s) = s.filter(|s| {
+            self.graph.storages.get(s.0).is_some_and(|r| {
+                r.is_resident()
+                    && if parked {
+                        r.holds > 0 && r.pins == r.holds
+                    } else {
+                        r.cand_pos != NONE
+                    }
+            })
+        }) else {
+            return Ok(false);
+        };
+        if parked {
+            self.parked_evicted.push(s);
+            self.stats.parked_evictions += 1;
+        }
+        self.stats.planned_evictions += 1;
+        self.swap_out(s)
     }
 
     /// Lay the resident storages out where `plan` puts them: in one arena of the
@@ -212,6 +268,17 @@ impl<V> Runtime<V> {
         self.iter.allocs = 0;
         self.iter.pos = 0;
         self.iter.follower.plan_log = log_steps.then(Vec::new);
+    }
+
+    /// Name the storages of `ts`, in order, as the boundary a simulation
+    /// starts from (positions of [`crate::Boundary::storages`]).
+    pub(crate) fn set_prefix_tensors(&mut self, ts: &[TensorId]) -> Result<()> {
+        let mut storages = Vec::with_capacity(ts.len());
+        for &t in ts {
+            storages.push(self.storage_of(t)?);
+        }
+        self.iter.set_prefix(&storages);
+        Ok(())
     }
 
     /// The simulation's evictions and failures (see [`Runtime::restart_numbering`]).

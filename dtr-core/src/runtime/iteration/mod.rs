@@ -81,9 +81,23 @@ pub(crate) struct IterationState {
     pub rescue: Rescue,
     /// Planning across boundaries ([`boundary`]).
     pub planning: Planning,
+    /// The storages of the boundary this iteration started from, by position
+    /// ([`crate::Boundary::storages`]; resident then swapped), and each
+    /// one's position by storage index: how a plan names the boundary's
+    /// storages it swaps.
+    pub prefix: Vec<StorageId>,
+    pub prefix_pos: ahash::AHashMap<u32, u32>,
 }
 
 impl IterationState {
+    /// Name the storages of the boundary the iteration starts from.
+    pub(in crate::runtime) fn set_prefix(&mut self, storages: &[StorageId]) {
+        self.prefix = storages.to_vec();
+        self.prefix_pos = (storages.iter().enumerate())
+            .map(|(k, s)| (s.0, k as u32))
+            .collect();
+    }
+
     /// The sequence number of the next storage; [`NONE`] past [`MAX_EVENTS`]
     /// storages in one iteration (a run that never calls `end_iteration` must not
     /// grow this table without bound; such storages are never named by a plan).
