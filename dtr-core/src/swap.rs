@@ -11,7 +11,12 @@
 //! - [`CopyEngines`]: the time model: one copy engine per direction,
 //!   concurrent with compute. An online swap-out that makes room stalls
 //!   compute until its copy completes (the memory is needed now); a swap-in
-//!   stalls until its copy completes (nothing prefetched it).
+//!   stalls until its copy completes (nothing prefetched it). A planned
+//!   swap-out (a plan's simulation, and an iteration following the plan) may
+//!   start its copy at the storage's last use, since the plan knows then
+//!   that it will swap it. This is the replayer's model: the adapters'
+//!   transfers are synchronous today, so on a device a planned swap-out
+//!   copies when its memory is needed, as an online one does.
 //!
 //! # The choice, and why it bounds an online step
 //!

@@ -176,12 +176,38 @@ fn restart_round(
 /// simulations are cut off by, so it decides which entries run to the end and
 /// are restarted. `Ok(None)`: no entry fits, or none is cheap enough; a
 /// setting out of range is an [`Error::Config`].
+///
+/// With swap on, the portfolio runs twice: recomputing only (the boundary's
+/// swapped storages still come back by a copy), then swapping too, held to
+/// the first's best; the swapping plan is taken only where it is cheaper, so
+/// swap never makes a plan slower than the recompute-only one. Planning then
+/// takes up to twice as long.
 pub(crate) fn plan_iteration(
     rec: &Arc<Recording>,
     config: &DtrConfig,
     measured_ns: f64,
 ) -> Result<Option<IterationPlan>> {
-    plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT)
+    if !config.swap.enabled {
+        return plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, false);
+    }
+    let recompute = plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, false)?;
+    let bound = recompute
+        .as_ref()
+        .map_or(measured_ns, |p| p.total_ns.min(measured_ns));
+    let swapping = plan_with_work_limit(rec, config, bound, RESTART_WORK_PER_EVENT, true)?;
+    Ok(match (recompute, swapping) {
+        (Some(r), Some(s)) if s.total_ns < r.total_ns => Some(IterationPlan {
+            plan_ms: r.plan_ms + s.plan_ms,
+            simulations: r.simulations + s.simulations,
+            ..s
+        }),
+        (Some(r), Some(s)) => Some(IterationPlan {
+            plan_ms: r.plan_ms + s.plan_ms,
+            simulations: r.simulations + s.simulations,
+            ..r
+        }),
+        (r, s) => r.or(s),
+    })
 }
 
 /// [`plan_iteration`] with extra restart rounds while the planning work per
@@ -191,6 +217,7 @@ fn plan_with_work_limit(
     config: &DtrConfig,
     measured_ns: f64,
     work_per_event: u64,
+    swap_outs: bool,
 ) -> Result<Option<IterationPlan>> {
     config.check()?;
     let Some(budget) = config.budget else {
@@ -207,6 +234,7 @@ fn plan_with_work_limit(
         placed_fit: None,
         simulations: 0,
         work: 0,
+        swap_outs,
     };
     let physical = config.budget_mode == BudgetMode::Physical;
     // The entries that can be restarted (learned and full-scan score
@@ -325,6 +353,7 @@ pub(crate) fn min_feasible_budget(
             b,
             first_limit_ns,
             &future,
+            config.swap.enabled,
         )?;
         let Some(online) = online.filter(|s| s.total_ns <= first_limit_ns * (1.0 + 1e-9)) else {
             return Ok(false);
@@ -415,6 +444,8 @@ struct Planner<'a> {
     /// simulation so far (cut-off ones included): a deterministic measure of
     /// the planning time spent.
     work: u64,
+    /// The simulations may swap storages out (with swap on in the config).
+    swap_outs: bool,
 }
 
 impl Planner<'_> {
@@ -504,6 +535,7 @@ impl Planner<'_> {
             self.budget,
             limit,
             &self.future,
+            self.swap_outs,
         )?;
         self.work += work;
         let Some(sim) = sim else {
@@ -733,6 +765,7 @@ fn simulate(
     capacity: u64,
     limit_ns: f64,
     future: &Arc<Future>,
+    swap_outs: bool,
 ) -> Result<(Option<Simulation>, u64)> {
     let (budget, mode) = match how {
         Placement::Arena => (capacity, BudgetMode::Physical),
@@ -777,6 +810,9 @@ fn simulate(
         // The plan may swap as the runtime would (a plan's copies are priced
         // and timed by the same model).
         rt.set_host_transfer(Box::new(crate::swap::NoValues))?;
+        if !swap_outs {
+            rt.forbid_swap_outs();
+        }
     }
     let mut events = 0;
     let ran = run(&mut rt, rec, limit_ns, &mut events);

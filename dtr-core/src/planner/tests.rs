@@ -152,8 +152,11 @@ fn extra_restart_rounds_follow_the_work_limit() {
     let (rec, config) = recorded_step();
     let limit = 10.0 * rec.compute_ns() as f64;
     let max = DtrConfig::MAX_PLAN_RESTARTS;
-    let plan =
-        |c: &DtrConfig, work: u64| plan_with_work_limit(&rec, c, limit, work).unwrap().unwrap();
+    let plan = |c: &DtrConfig, work: u64| {
+        plan_with_work_limit(&rec, c, limit, work, false)
+            .unwrap()
+            .unwrap()
+    };
     assert_eq!(plan(&config, 0).restart_rounds, 8);
     let unbounded = plan(&config, u64::MAX);
     assert_eq!(unbounded.restart_rounds, max);
@@ -200,8 +203,17 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
     let budget = config.budget.unwrap();
     let sim = |entry| {
         let how = Placement::Logical(budget);
-        let (sim, work) =
-            simulate(&rec, &config, entry, how, budget, f64::INFINITY, &future).unwrap();
+        let (sim, work) = simulate(
+            &rec,
+            &config,
+            entry,
+            how,
+            budget,
+            f64::INFINITY,
+            &future,
+            false,
+        )
+        .unwrap();
         // Decisions at 70 % offered candidates beyond the events driven.
         assert!(work > rec.events.len() as u64, "{work}");
         let sim = sim.expect("feasible");

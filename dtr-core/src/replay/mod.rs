@@ -683,10 +683,13 @@ fn drive(
             opts.thrash_limit.max(promised)
         };
         let at_start = d.rt.stats().clone();
-        let limit = at_start.wall_ns() + factor * baseline_ns as f64;
+        let mut limit = at_start.wall_ns() + factor * baseline_ns as f64;
         if bounded || opts.config.threshold.is_some() {
             d.rt.set_compute_limit(Some(limit));
         }
+        // A planned iteration that leaves its plan goes on online, and is
+        // judged like one from there.
+        let mut judged_online = !d.rt.following_plan();
         let mut i = 0;
         let outcome: Result<(), Error> = loop {
             if i >= ins.len() {
@@ -708,6 +711,14 @@ fn drive(
                         live_bytes: d.rt.stats().live_bytes,
                         reserved_bytes: d.rt.memory_usage().reserved,
                     });
+                }
+            }
+            if training && !judged_online && d.rt.stats().divergences > at_start.divergences {
+                judged_online = true;
+                limit = at_start.wall_ns()
+                    + FIRST_ITERATION_LIMIT.max(opts.thrash_limit) * baseline_ns as f64;
+                if bounded || opts.config.threshold.is_some() {
+                    d.rt.set_compute_limit(Some(limit));
                 }
             }
             if d.rt.stats().wall_ns() > limit && bounded {

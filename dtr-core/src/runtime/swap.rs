@@ -108,6 +108,18 @@ impl<V> Runtime<V> {
         Ok(())
     }
 
+    /// Keep the host tier for what it holds (a boundary's swapped storages
+    /// come back by a copy) but swap nothing more out: the planner's
+    /// recompute-only simulations.
+    pub(crate) fn forbid_swap_outs(&mut self) {
+        self.graph.swap_ns_per_byte = None;
+        let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
+        for i in ids {
+            self.graph.withdraw(StorageId(i));
+            self.graph.offer(StorageId(i));
+        }
+    }
+
     /// Whether swap is on (a transfer was given and the config asks for it).
     pub fn swap_enabled(&self) -> bool {
         self.host.is_some()

@@ -51,6 +51,10 @@ pub(crate) struct Planning {
     /// First computations and replays (ns) of the last iteration, when it ran
     /// online from start to end (see [`Runtime::plan_bound`]).
     pub last_online: Option<(f64, f64)>,
+    /// With swap on: what the last iteration that ran online from start to
+    /// end cost, stalls included (ns): the alternative to a plan after a
+    /// planned iteration.
+    pub online_cost: Option<f64>,
 }
 
 impl<V> Runtime<V> {
@@ -327,7 +331,18 @@ impl<V> Runtime<V> {
         let unrepeated = unrepeated(self.iter.planning.last_online, &report);
         self.iter.planning.last_online = (!report.planned && !self.iter.recorder.broken)
             .then_some((report.compute_ns, report.remat_ns));
-        let bound = Self::plan_bound(&report, unrepeated, self.swap_enabled());
+        let mut bound = Self::plan_bound(&report, unrepeated, self.swap_enabled());
+        if self.swap_enabled() {
+            // After a planned iteration the alternative to a new plan is an
+            // online one, not the plan it followed (which may no longer
+            // match the boundary: swaps move storages between the tiers).
+            let total = report.compute_ns + report.remat_ns + report.stall_ns;
+            if !report.planned && !self.iter.recorder.broken {
+                self.iter.planning.online_cost = Some(total);
+            } else if report.planned {
+                bound = bound.max(self.iter.planning.online_cost.unwrap_or(0.0));
+            }
+        }
         report.planning = match recorded {
             _ if !self.iter.enabled => PlanStatus::Off,
             None => PlanStatus::NotRecorded,
