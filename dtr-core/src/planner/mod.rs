@@ -757,6 +757,7 @@ impl OpHandle<()> for SimOp {
 /// Replay `rec` under a logical budget of `budget` with the entry's policy,
 /// with the work it took (see `Planner::work`). `None`: infeasible (an
 /// impossible budget, or past `limit_ns`).
+#[allow(clippy::too_many_arguments)] // one simulation's inputs, each read once
 fn simulate(
     rec: &Recording,
     config: &DtrConfig,
