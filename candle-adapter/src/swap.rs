@@ -17,6 +17,16 @@
 //!   released by the runtime, or the context dropped) is put back into the
 //!   user's tensor: a `Var` never stays empty once remat lets go of it.
 //!
+//! Code outside remat that reads such a storage directly must have it
+//! resident: candle-nn's optimizers (the adapter's `nn::Optimizer` pins the
+//! parameters it updates: [`crate::Remat::pin_params_for`]), `VarMap::save`
+//! ([`crate::Remat::pin_params`]). candle's own backward of a lookup by
+//! external ids (`index_select`, `gather`: `apply_native` in the graph) reads
+//! the ids right after the adapter's identity node above it pinned them back:
+//! candle's graph walk visits the two nodes one after the other, so no runtime
+//! op runs in between (`tests/swap.rs` swaps the ids between forward and
+//! backward).
+//!
 //! A storage that other data shares (an input brought in as a view of a larger
 //! tensor, a storage with two runtime records) is never swapped: its copy is
 //! refused with a [`TransferError`] and the runtime keeps it resident.

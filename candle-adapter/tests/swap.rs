@@ -400,3 +400,66 @@ fn a_view_of_a_larger_input_is_never_swapped() {
     assert_eq!(bits(&big), bits(&rand(9, &[128, 64], -1.0, 1.0)));
     assert!(remat.stats().unwrap().swap_failures > 0);
 }
+
+/// `loss = Σ table[ids]² + Σ tanh(tanh(x·w₀)·w₁)…²`: a lookup by external
+/// ids (candle's own backward reads the ids) beside a branch whose backward
+/// needs room.
+fn lookup_and_branch(
+    table: &Tensor,
+    ids: &Tensor,
+    x: &Tensor,
+    ws: &[Tensor],
+) -> candle_core::Result<Tensor> {
+    let e = table.index_select(ids, 0)?;
+    let mut h = x.clone();
+    for w in ws {
+        h = h.matmul(w)?.tanh()?;
+    }
+    e.sqr()?.sum_all()? + h.sqr()?.sum_all()?
+}
+
+#[test]
+fn lookup_ids_stay_readable_for_candles_own_backward() {
+    let table = Var::from_tensor(&rand(20, &[256, 64], -1.0, 1.0)).unwrap();
+    let ws: Vec<Var> = (0..4)
+        .map(|k| Var::from_tensor(&rand(30 + k, &[64, 64], -0.3, 0.3)).unwrap())
+        .collect();
+    let ids_v: Vec<u32> = (0..256).map(|i| (i * 37 % 256) as u32).collect();
+    let ids = || Tensor::new(ids_v.as_slice(), &Device::Cpu).unwrap();
+    let x = || rand(22, &[64, 64], -1.0, 1.0);
+
+    let wt: Vec<Tensor> = ws.iter().map(|w| w.as_tensor().clone()).collect();
+    let loss = lookup_and_branch(table.as_tensor(), &ids(), &x(), &wt).unwrap();
+    let grads = loss.backward().unwrap();
+    let expected: Vec<Vec<u64>> = std::iter::once(&table)
+        .chain(&ws)
+        .map(|v| bits(grads.get(v).unwrap()))
+        .collect();
+
+    // Parameters 128 KiB, ids 1 KiB, x 16 KiB, activations 16–64 KiB: the
+    // ids leave the device after the lookup. candle's own backward of the
+    // lookup reads them right after the adapter's identity node above it
+    // pinned them back (candle visits the two nodes one after the other).
+    let remat = Remat::new(config(136 * 1024, true)).unwrap();
+    let tp = remat.param(&table).unwrap();
+    let wp: Vec<RTensor> = ws.iter().map(|w| remat.param(w).unwrap()).collect();
+    let (ids, x) = (remat.input(&ids()).unwrap(), remat.input(&x()).unwrap());
+    let e = tp.index_select(&ids, 0).unwrap();
+    let mut h = x;
+    for w in &wp {
+        h = h.matmul(w).unwrap().tanh().unwrap();
+    }
+    let loss = (e.sqr().unwrap().sum_all().unwrap() + h.sqr().unwrap().sum_all().unwrap()).unwrap();
+    drop((e, h));
+    // Swapped between the forward and the backward, which reads them.
+    assert!(ids.is_swapped().unwrap());
+    let grads = loss.backward().unwrap();
+    let got: Vec<Vec<u64>> = std::iter::once(&table)
+        .chain(&ws)
+        .map(|v| bits(grads.get(v).unwrap()))
+        .collect();
+    assert!(got == expected, "gradients differ from plain candle");
+    let s = remat.stats().unwrap();
+    assert!(s.swap_outs > 0, "{s:?}");
+    remat.check_invariants().unwrap();
+}
