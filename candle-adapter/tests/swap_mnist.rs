@@ -129,7 +129,7 @@ macro_rules! mnist_convnet {
 mod plain {
     use crate::Dataset as Data;
     use candle::{DType, Device, Result, Tensor, D};
-    use candle_nn::{loss, ops, Conv2d, Linear, Module, Optimizer, VarBuilder, VarMap};
+    use candle_nn::{loss, ops, Conv2d, Linear, Optimizer, VarBuilder, VarMap};
     type Dataset = Data<Tensor>;
     mnist_convnet!();
 }
@@ -138,7 +138,7 @@ mod ported {
     use crate::Dataset as Data;
     use remat_candle::as_candle::{DType, Device, Result, Tensor, D};
     use remat_candle::nn::{
-        self as candle_nn, loss, ops, Conv2d, Linear, Module, Optimizer, VarBuilder, VarMap,
+        self as candle_nn, loss, ops, Conv2d, Linear, Optimizer, VarBuilder, VarMap,
     };
     type Dataset = Data<Tensor>;
     mnist_convnet!();
@@ -333,7 +333,7 @@ fn upstream_convnet_trains_at_30_percent_with_swap_and_not_without() {
          {} swap-outs ({:.2} MB), {} swap-ins ({:.2} MB), peak host {:.2} MB; \
          modelled copy stall {:.2} ms = {:.1} % of compute {:.1} ms; \
          {} evictions, {} rematerializations ({:.1} ms); wall {:.2} s vs plain {:.2} s \
-         (debug build)",
+         ({} build)",
         s.swap_outs,
         s.swapped_out_bytes as f64 / 1e6,
         s.swap_ins,
@@ -347,6 +347,11 @@ fn upstream_convnet_trains_at_30_percent_with_swap_and_not_without() {
         s.remat_ns / 1e6,
         trained.secs,
         reference.secs,
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
     );
     assert!(peak <= budget, "peak {peak} B above the budget {budget} B");
     assert!(s.swap_outs > 0 && s.swap_ins > 0);
