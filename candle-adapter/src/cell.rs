@@ -12,6 +12,7 @@
 //! cell empties the candle storage on drop, so the runtime's bookkeeping and the
 //! real memory move together.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
@@ -148,10 +149,15 @@ pub(crate) fn bytes_of(n: usize, dtype: DType) -> u64 {
 /// Invariant: an armed cell's storage is non-empty exactly while the runtime holds
 /// the cell (the storage is resident). Dropping an armed cell empties the storage,
 /// freeing its memory; external data (inputs, parameters) is held unarmed and is
-/// never emptied.
+/// never emptied, except when the host tier holds a copy of it (swap: see
+/// [`crate::swap`]), which puts it back.
 pub struct Cell {
     tensor: Tensor,
-    armed: bool,
+    /// Emptied on drop. An external cell is armed by a completed swap-out, just
+    /// before the runtime drops it (its bytes are then in the host tier).
+    armed: AtomicBool,
+    /// External data (an input or a parameter): the user's tensor shares it.
+    external: bool,
 }
 
 impl Cell {
@@ -159,15 +165,17 @@ impl Cell {
     pub(crate) fn armed(tensor: Tensor) -> Self {
         Self {
             tensor,
-            armed: true,
+            armed: AtomicBool::new(true),
+            external: false,
         }
     }
 
-    /// A cell for external data: never emptied.
+    /// A cell for external data: never emptied (unless swapped out).
     pub(crate) fn external(tensor: Tensor) -> Self {
         Self {
             tensor,
-            armed: false,
+            armed: AtomicBool::new(false),
+            external: true,
         }
     }
 
@@ -175,20 +183,34 @@ impl Cell {
     pub fn tensor(&self) -> &Tensor {
         &self.tensor
     }
+
+    /// Whether the cell holds external data ([`crate::Remat::input`],
+    /// [`crate::Remat::param`]) rather than an op's output.
+    pub fn is_external(&self) -> bool {
+        self.external
+    }
+
+    /// Empty the storage when this cell is dropped: a swap-out whose copy
+    /// completed arms an external cell, so that the runtime dropping it frees
+    /// the device memory as it does an output's.
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Cell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cell")
             .field("shape", self.tensor.shape())
-            .field("armed", &self.armed)
+            .field("armed", &self.armed.load(Ordering::Acquire))
+            .field("external", &self.external)
             .finish()
     }
 }
 
 impl Drop for Cell {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed.load(Ordering::Acquire) {
             // Dropping the taken storage frees its memory. A failure here (metal,
             // poisoned slot) leaves the data in place: memory is then over-counted
             // as free, never corrupted.

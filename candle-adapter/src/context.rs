@@ -6,14 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
-use candle_core::{Tensor, Var};
+use candle_core::{DeviceLocation, Tensor, Var};
 use remat_dtr::{
-    make_policy, BudgetMode, DtrConfig, IterationReport, MemoryUsage, PhysicalBudget, Runtime,
-    RuntimeStats, TensorId,
+    make_policy, BudgetMode, DtrConfig, HostBudget, IterationReport, MemoryUsage, PhysicalBudget,
+    Runtime, RuntimeStats, TensorId,
 };
 
 use crate::cell::{storage_addr, tensor_bytes, Cell};
 use crate::error::{DtrResultExt, Error, Result, Typed};
+use crate::swap::{measure_bandwidth, CandleTransfer, SwapShared, TransferFaults};
 use crate::tensor::{Handle, RTensor};
 
 /// How an op's recompute cost (the `cost` in the eviction score) is obtained.
@@ -85,6 +86,10 @@ pub struct RematConfig {
     /// beside the sum. Values and gradients are the same bits either way; the
     /// split form's unconstrained peak is the one to compare with plain candle.
     pub split_layer_ops: bool,
+    /// The device whose copies [`Remat::new`] times when swap is on without a
+    /// bandwidth (`dtr.swap`; see [`RematConfig::with_swap`]); `None`: the
+    /// CPU.
+    pub swap_device: Option<DeviceLocation>,
 }
 
 impl RematConfig {
@@ -135,6 +140,36 @@ impl RematConfig {
         self
     }
 
+    /// Turn the host tier on (swap, see [`crate::swap`]): the runtime may copy
+    /// a storage to host memory and free its device memory when that costs
+    /// less than recomputing it, and moves parameters and inputs off the
+    /// device between their uses. `bandwidth_gbps` is the copy bandwidth per
+    /// direction in GB/s; `None` measures it when the context is created (a
+    /// copy of 8 MiB to host memory and back on [`RematConfig::swap_device`],
+    /// the fastest of three; [`Remat::swap_bandwidth`] tells the figure).
+    ///
+    /// Unlike [`DtrConfig::with_swap`], `None` does not turn swap off; swap is
+    /// off by default (`dtr.swap.enabled`).
+    pub fn with_swap(mut self, bandwidth_gbps: Option<f64>) -> Self {
+        self.dtr.swap.enabled = true;
+        self.dtr.swap.bandwidth_gbps = bandwidth_gbps;
+        self
+    }
+
+    /// Limit the host tier to `budget` (bytes, or a percentage of the device
+    /// budget); `None`: unbounded. A swap-out that would exceed it is not
+    /// made (the storage is evicted instead, or kept if it cannot be).
+    pub fn with_host_budget(mut self, budget: Option<HostBudget>) -> Self {
+        self.dtr.swap.host_budget = budget;
+        self
+    }
+
+    /// Measure the swap bandwidth on `device` (see [`RematConfig::with_swap`]).
+    pub fn with_swap_device(mut self, device: &candle_core::Device) -> Self {
+        self.swap_device = Some(device.location());
+        self
+    }
+
     /// Resolve a fraction budget parsed from the environment against `reference`
     /// bytes (see [`RematConfig::parse`]).
     pub fn with_reference_bytes(mut self, reference: u64) -> Self {
@@ -149,7 +184,10 @@ impl RematConfig {
 
     /// Parse `REMAT_DTR_CONF` syntax. `budget:NN%` (or a bare fraction such as
     /// `budget:0.4`) is a fraction of a reference set later with
-    /// [`RematConfig::with_reference_bytes`]; every other key is remat-dtr's.
+    /// [`RematConfig::with_reference_bytes`]; every other key is remat-dtr's,
+    /// the host tier's included (`swap:on`, `swap_bandwidth:<GB/s>` — unset,
+    /// measured as for [`RematConfig::with_swap`] — and
+    /// `host_budget:<bytes|N%|none>`).
     pub fn parse(text: &str) -> Result<Self> {
         let mut fraction = None;
         let mut rest = Vec::new();
@@ -228,6 +266,13 @@ pub(crate) struct Inner {
     /// constants only ([`RTensor::is_constant`]). Read and cleared by
     /// [`Remat::end_iteration`].
     outputs: Mutex<Vec<(TensorId, Weak<Handle>, bool)>>,
+    /// External tensors that track gradients (variables), by candle's id:
+    /// what an optimizer step updates in place ([`Remat::pin_params`]).
+    params: Mutex<Vec<(candle_core::TensorId, Weak<Handle>)>>,
+    /// State shared with the host tier's transfer.
+    swap: Arc<SwapShared>,
+    /// The swap bandwidth in use (GB/s per direction), when swap is on.
+    swap_gbps: Option<f64>,
 }
 
 impl Inner {
@@ -320,6 +365,41 @@ impl Inner {
     }
 }
 
+/// Parameters kept resident by [`Remat::pin_params`] until the guard drops.
+pub struct PinnedParams {
+    ctx: Arc<Inner>,
+    held: Vec<Arc<Handle>>,
+}
+
+impl PinnedParams {
+    /// How many runtime storages the guard pins.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether the guard pins nothing (swap off, or no parameter).
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+impl std::fmt::Debug for PinnedParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedParams")
+            .field("pinned", &self.held.len())
+            .finish()
+    }
+}
+
+impl Drop for PinnedParams {
+    fn drop(&mut self) {
+        // Unpins are queued before the handles go (a release after its unpin).
+        for h in &self.held {
+            self.ctx.unpin_later(h.id());
+        }
+    }
+}
+
 std::thread_local! {
     /// The thread's current context: the one [`RTensor`]'s constructors
     /// (`RTensor::new`, `arange`, `zeros`, …) bring their data into.
@@ -373,7 +453,22 @@ impl Remat {
         }
         let budget = dtr.budget;
         let configured_threshold = dtr.threshold;
-        let rt = match (&config.allocator, dtr.budget_mode, budget) {
+        let swap = Arc::new(SwapShared::default());
+        if dtr.swap.enabled && dtr.swap.bandwidth_gbps.is_none() {
+            let device = match config.swap_device {
+                None | Some(DeviceLocation::Cpu) => candle_core::Device::Cpu,
+                Some(DeviceLocation::Cuda { gpu_id }) => candle_core::Device::new_cuda(gpu_id)?,
+                Some(DeviceLocation::Metal { .. }) => {
+                    return Err(Error::unsupported(
+                        "Remat::new",
+                        "remat-candle does not support metal",
+                    ))
+                }
+            };
+            dtr.swap.bandwidth_gbps = Some(measure_bandwidth(&device)?);
+        }
+        let swap_gbps = dtr.swap.bandwidth_gbps.filter(|_| dtr.swap.enabled);
+        let mut rt = match (&config.allocator, dtr.budget_mode, budget) {
             (Some(alloc), BudgetMode::Physical, Some(b)) => {
                 let memory = PhysicalBudget::with_config(b, alloc.clone()).c()?;
                 let policy = make_policy(dtr.policy, &dtr);
@@ -381,6 +476,10 @@ impl Remat {
             }
             _ => Runtime::new(dtr).c()?,
         };
+        if swap_gbps.is_some() {
+            rt.set_host_transfer(Box::new(CandleTransfer::new(swap.clone())))
+                .c()?;
+        }
         let remat = Self {
             inner: Arc::new(Inner {
                 rt: Mutex::new(rt),
@@ -393,6 +492,9 @@ impl Remat {
                 split_layer_ops: config.split_layer_ops,
                 externals: Mutex::new(HashMap::new()),
                 outputs: Mutex::new(Vec::new()),
+                params: Mutex::new(Vec::new()),
+                swap,
+                swap_gbps,
             }),
         };
         remat.make_current();
@@ -456,8 +558,18 @@ impl Remat {
         if let Some((weak, counted)) = map.get(&addr) {
             if let Some(h) = weak.upgrade() {
                 if *counted >= bytes {
-                    return Ok(RTensor::with_handle(t, h));
+                    let r = RTensor::with_handle(t, h);
+                    self.note_param(&r)?;
+                    return Ok(r);
                 }
+                // A second runtime record for one storage cell: swapping either
+                // would empty the other's data, so neither is swapped.
+                self.inner
+                    .swap
+                    .shared_cells
+                    .lock()
+                    .map_err(|_| Error::Poisoned)?
+                    .insert(addr);
             }
         }
         let mut rt = self.inner.lock()?;
@@ -469,7 +581,118 @@ impl Remat {
             map.retain(|_, (w, _)| w.strong_count() > 0);
         }
         map.insert(addr, (r.weak_handle(), bytes));
+        drop(map);
+        self.note_param(&r)?;
         Ok(r)
+    }
+
+    /// Remember an external tensor that tracks gradients (a variable) for
+    /// [`Remat::pin_params`].
+    fn note_param(&self, r: &RTensor) -> Typed<()> {
+        if !r.attached().track_op() {
+            return Ok(());
+        }
+        let mut params = self.inner.params.lock().map_err(|_| Error::Poisoned)?;
+        if params.len() >= 64 && params.len().is_power_of_two() {
+            params.retain(|(_, w)| w.strong_count() > 0);
+        }
+        params.push((r.attached().id(), r.weak_handle()));
+        Ok(())
+    }
+
+    /// Keep every parameter resident while the guard lives: the variables
+    /// brought in with [`Remat::param`] or a [`crate::nn::VarBuilder`] (external
+    /// tensors that track gradients) whose runtime handle is alive. With swap
+    /// on ([`RematConfig::with_swap`]) a parameter may be in the host tier
+    /// between its uses, its candle storage empty; code that reads or writes a
+    /// `Var` outside remat — candle-nn's optimizers, `VarMap::save` — needs it
+    /// resident. [`crate::nn::Optimizer`]'s `step` and `backward_step` pin the
+    /// parameters they update themselves; pin them for anything else:
+    ///
+    /// ```no_run
+    /// # fn main() -> remat_candle::Result<()> {
+    /// # let remat = remat_candle::Remat::unbounded()?;
+    /// # let varmap = candle_nn::VarMap::new();
+    /// let params = remat.pin_params()?;
+    /// varmap.save("model.safetensors")?;
+    /// drop(params);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The parameters must fit the budget together (beside what else is
+    /// pinned): otherwise a typed `ImpossibleBudget`, with nothing pinned.
+    /// Without swap the guard pins nothing (parameters are never evicted).
+    pub fn pin_params(&self) -> Result<PinnedParams> {
+        self.pin_params_where(|_| true)
+    }
+
+    /// [`Remat::pin_params`] for the parameters that have a gradient in
+    /// `grads`: those an optimizer step updates.
+    pub fn pin_params_for(&self, grads: &candle_core::backprop::GradStore) -> Result<PinnedParams> {
+        self.pin_params_where(|id| grads.get_id(id).is_some())
+    }
+
+    fn pin_params_where(
+        &self,
+        keep: impl Fn(candle_core::TensorId) -> bool,
+    ) -> Result<PinnedParams> {
+        let mut guard = PinnedParams {
+            ctx: self.inner.clone(),
+            held: Vec::new(),
+        };
+        let mut rt = self.inner.lock()?;
+        if !rt.swap_enabled() {
+            return Ok(guard);
+        }
+        let mut handles: Vec<Arc<Handle>> = {
+            let mut params = self.inner.params.lock().map_err(|_| Error::Poisoned)?;
+            params.retain(|(_, w)| w.strong_count() > 0);
+            params
+                .iter()
+                .filter(|(id, _)| keep(*id))
+                .filter_map(|(_, w)| w.upgrade())
+                .collect()
+        };
+        handles.sort_by_key(|h| h.id());
+        handles.dedup_by_key(|h| h.id());
+        for h in handles {
+            if let Err(e) = rt.pin(h.id()) {
+                for held in &guard.held {
+                    let _ = rt.unpin(held.id());
+                }
+                guard.held.clear();
+                return Err(Error::Dtr(e).into());
+            }
+            guard.held.push(h);
+        }
+        Ok(guard)
+    }
+
+    /// Whether the host tier is on (see [`RematConfig::with_swap`]).
+    pub fn swap_enabled(&self) -> Result<bool> {
+        Ok(self.inner.lock()?.swap_enabled())
+    }
+
+    /// The swap bandwidth in use, GB/s per direction (configured or measured
+    /// when the context was created); `None` when swap is off.
+    pub fn swap_bandwidth(&self) -> Option<f64> {
+        self.inner.swap_gbps
+    }
+
+    /// Make the next `out` swap-outs and the next `ins` swap-ins fail before
+    /// copying anything, as a failed device copy would (tests of the failure
+    /// paths: a failed swap-out leaves the storage resident, a failed swap-in
+    /// is a typed `remat_dtr::Error::Transfer` with the host copy kept).
+    #[doc(hidden)]
+    pub fn inject_transfer_failures(&self, out: u32, ins: u32) {
+        self.inner.swap.faults.set(out, ins);
+    }
+
+    /// The injected failures not yet spent (see
+    /// [`Remat::inject_transfer_failures`]).
+    #[doc(hidden)]
+    pub fn transfer_faults(&self) -> &TransferFaults {
+        &self.inner.swap.faults
     }
 
     /// candle's `Tensor::new(array, device)` brought in with [`Remat::input`]: a
@@ -783,6 +1006,32 @@ impl Remat {
                 format!("{:.3} / {:.3} ms", s.compute_ns / 1e6, s.remat_ns / 1e6),
             ),
         ];
+        let mut rows = rows;
+        if rt.swap_enabled() {
+            rows.extend([
+                (
+                    "swap outs / ins",
+                    format!("{} / {}", s.swap_outs, s.swap_ins),
+                ),
+                (
+                    "swapped out / in",
+                    format!(
+                        "{:.2} / {:.2} MiB",
+                        mib(s.swapped_out_bytes),
+                        mib(s.swapped_in_bytes)
+                    ),
+                ),
+                (
+                    "host tier (cur / peak)",
+                    format!(
+                        "{:.2} / {:.2} MiB",
+                        mib(s.host_bytes),
+                        mib(s.peak_host_bytes)
+                    ),
+                ),
+                ("copy stalls", format!("{:.3} ms", s.stall_ns / 1e6)),
+            ]);
+        }
         for (k, v) in rows {
             out.push_str(&format!("| {k:<27} | {v:>31} |\n"));
         }

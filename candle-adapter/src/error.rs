@@ -96,6 +96,10 @@ impl Error {
             Error::Dtr(remat_dtr::Error::ComputeLimit { .. }) => {
                 "remat-candle: the budget makes the step thrash; raise it"
             }
+            Error::Dtr(remat_dtr::Error::Transfer(_)) => {
+                "remat-candle: a copy back from host memory failed; nothing was lost \
+                 (the host copy is kept): run the op again"
+            }
             Error::Dtr(_) => "remat-candle: raised by the DTR runtime (remat-dtr)",
             Error::ContextMismatch { .. } => {
                 "remat-candle: build the tensors of one model in one Remat context"

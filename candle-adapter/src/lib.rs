@@ -31,6 +31,7 @@
 //! | [`transformers`] | candle-transformers' shared helpers (`utils`, `models::with_tracing`) |
 //! | `graph` (private) | the evict/restore mechanism: one adapter op (`apply`), the `Attach` custom op at every arity, the recompute handle, the backward hook |
 //! | [`cell`] | [`Cell`]: moving a storage out of and back into candle's shared storage cell |
+//! | [`swap`] | the host tier: remat-dtr's `HostTransfer` for [`Cell`]s (swap a storage to host memory and back, bit for bit) |
 //! | [`device`] | the real device: device OOM recognition, evict-and-retry, [`DeviceMemory`] (CUDA driver pool) |
 //! | [`error`] | [`Error`], [`Result`] (candle's), [`CandleErrorExt`] |
 //! | [`as_candle`] | candle-core's names with [`RTensor`] as `Tensor`, for ported model files |
@@ -117,11 +118,12 @@ pub mod error;
 mod graph;
 pub mod index;
 pub mod nn;
+pub mod swap;
 pub mod tensor;
 pub mod transformers;
 
 pub use cell::Cell;
-pub use context::{Budget, CostModel, Remat, RematConfig};
+pub use context::{Budget, CostModel, PinnedParams, Remat, RematConfig};
 pub use device::{is_device_oom, DeviceMemory};
 pub use error::{CandleErrorExt, Error, Result};
 pub use index::{IndexOp, Indexer};
@@ -130,9 +132,9 @@ pub use index::{IndexOp, Indexer};
 /// `remat.stats()` is a [`RuntimeStats`], `remat.memory_usage()` a
 /// [`MemoryUsage`], an impossible budget carries an [`ImpossibleBudget`].
 pub use remat_dtr::{
-    AllocatorConfig, BudgetMode, ConfigError, DeviceOutOfMemory, DtrConfig, ImpossibleBudget,
-    ImpossibleCause, IterationReport, MemoryUsage, PlanStatus, PlanSummary, PolicyKind,
-    RuntimeStats, StorageId, TensorId,
+    AllocatorConfig, BudgetMode, ConfigError, DeviceOutOfMemory, DtrConfig, HostBudget,
+    ImpossibleBudget, ImpossibleCause, IterationReport, MemoryUsage, PlanStatus, PlanSummary,
+    PolicyKind, RuntimeStats, StorageId, SwapConfig, TensorId, TransferError,
 };
 pub use tensor::{dropout_mask, Pinned, RTensor};
 /// candle-core and candle-nn at the version this crate is built with

@@ -41,6 +41,13 @@ pub(crate) struct Handle {
     constant: bool,
 }
 
+impl Handle {
+    /// The runtime handle.
+    pub(crate) fn id(&self) -> TensorId {
+        self.id
+    }
+}
+
 impl Drop for Handle {
     fn drop(&mut self) {
         self.ctx.release_later(self.id);
@@ -269,6 +276,13 @@ impl RTensor {
     /// Whether the storage is resident (not evicted).
     pub fn is_resident(&self) -> Result<bool> {
         self.h.ctx.lock()?.is_resident(self.h.id).c()
+    }
+
+    /// Whether the storage is in the host tier now (swapped out; see
+    /// [`RematConfig::with_swap`](crate::RematConfig::with_swap)). Reading it
+    /// through this tensor copies it back.
+    pub fn is_swapped(&self) -> Result<bool> {
+        self.h.ctx.lock()?.is_swapped(self.h.id).c()
     }
 
     /// The runtime storage behind this tensor (views share it).

@@ -13,6 +13,15 @@ pub trait Optimizer: Sized {
     /// An optimizer over `vars`.
     fn new(vars: Vec<candle_core::Var>, config: Self::Config) -> Result<Self>;
     /// One step from the gradients.
+    ///
+    /// candle-nn's optimizers read and write each `Var` in place, outside
+    /// remat. With swap on ([`RematConfig::with_swap`](crate::RematConfig::with_swap))
+    /// a parameter may be in the host tier, its candle storage empty, so the
+    /// step first makes every parameter with a gradient in `grads` resident in
+    /// the thread's current context and keeps it so until the update is done
+    /// ([`Remat::pin_params_for`](crate::Remat::pin_params_for)); they must fit
+    /// the budget together. Without swap nothing is pinned. Calling candle-nn's
+    /// `Optimizer::step` directly skips this: pin the parameters first.
     fn step(&mut self, grads: &candle_core::backprop::GradStore) -> Result<()>;
     /// The learning rate.
     fn learning_rate(&self) -> f64;
@@ -33,10 +42,15 @@ pub trait Optimizer: Sized {
     /// candle's mnist-training does) then does not keep the step's activations
     /// resident with it.
     /// Do not call `end_iteration` again for this step.
+    ///
+    /// With swap on, the parameters the step updates are made resident (and
+    /// kept so) for the update: see [`Optimizer::step`].
     fn backward_step(&mut self, loss: &RTensor) -> Result<()> {
         let grads = loss.backward()?;
         drop(loss.pinned()?);
+        let params = loss.remat().pin_params_for(&grads)?;
         self.step(&grads)?;
+        drop(params);
         loss.remat().end_iteration_after_backward()?;
         Ok(())
     }
@@ -48,7 +62,13 @@ impl<O: candle_nn::Optimizer> Optimizer for O {
         <O as candle_nn::Optimizer>::new(vars, config)
     }
     fn step(&mut self, grads: &candle_core::backprop::GradStore) -> Result<()> {
-        <O as candle_nn::Optimizer>::step(self, grads)
+        let params = match crate::Remat::current() {
+            Ok(remat) => Some(remat.pin_params_for(grads)?),
+            Err(_) => None,
+        };
+        <O as candle_nn::Optimizer>::step(self, grads)?;
+        drop(params);
+        Ok(())
     }
     fn learning_rate(&self) -> f64 {
         <O as candle_nn::Optimizer>::learning_rate(self)
