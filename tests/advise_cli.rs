@@ -127,6 +127,7 @@ fn the_table_prints_and_bad_values_say_what_is_allowed() {
         (&["--max-overhead", "0.5"][..], "finite number ≥ 1.0"),
         (&["--budget-mode", "both"][..], "both"),
         (&["--policy", "random"][..], "random"),
+        (&["--swap-bandwidth=-1"][..], "GB/s per direction"),
     ] {
         let out = remat(&[&["advise", p], args].concat());
         assert!(!out.status.success(), "{args:?} accepted");
@@ -136,4 +137,38 @@ fn the_table_prints_and_bad_values_say_what_is_allowed() {
     let out = remat(&["advise", "/no/such/trace.log"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+}
+
+#[test]
+fn swap_adds_the_stalls_and_the_bytes_copied_and_lowers_the_floor() {
+    let path = write_trace("swap");
+    let p = path.to_str().unwrap();
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = remat(&[&["advise", p, "--points", "3", "--json"], extra].concat());
+        serde_json::from_str(&ok(&out)).expect("one JSON object")
+    };
+    let off = json(&[]);
+    let on = json(&["--swap-bandwidth", "24"]);
+    for r in off["rows"].as_array().unwrap() {
+        assert!(r["steady_stall"].is_null(), "swap off: {r}");
+    }
+    let rows = on["rows"].as_array().unwrap();
+    for r in rows.iter().filter(|r| r["status"] == "ok") {
+        assert!(r["steady_stall"].as_f64().is_some(), "{r}");
+        assert!(r["steady_swapped_out_bytes"].as_u64().is_some(), "{r}");
+    }
+    // The constant can leave the device: the floor is no higher with swap.
+    assert!(
+        on["floor_bytes"].as_u64() <= off["floor_bytes"].as_u64(),
+        "{on} / {off}"
+    );
+    let text = ok(&remat(&[
+        "advise",
+        p,
+        "--points",
+        "3",
+        "--swap-bandwidth",
+        "24",
+    ]));
+    assert!(text.contains("| of it, stalls | swapped out |"), "{text}");
 }

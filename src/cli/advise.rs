@@ -48,6 +48,12 @@ pub struct AdviseArgs {
     /// several times faster (on lstm, steady overheads move by 0.01 at most).
     #[arg(long)]
     pub conf: Option<String>,
+    /// Swap to host memory at this bandwidth per direction (GB/s), as
+    /// `remat replay --swap-bandwidth` does: the table gains the steady
+    /// step's stalls and the bytes it copies out. 0 or absent: off (unless
+    /// `--conf` turns it on).
+    #[arg(long)]
+    pub swap_bandwidth: Option<f64>,
     /// Allocator settings of physical budgets in REMAT_ALLOC_CONF syntax;
     /// defaults come from REMAT_ALLOC_CONF (then PYTORCH_CUDA_ALLOC_CONF,
     /// PYTORCH_ALLOC_CONF) when set.
@@ -91,6 +97,8 @@ fn row_json(r: &AdviceRow) -> serde_json::Value {
         "evictions": r.evictions,
         "rematerializations": r.rematerializations,
         "planned": r.planned,
+        "steady_stall": r.steady_swap.map(|(s, _)| s),
+        "steady_swapped_out_bytes": r.steady_swap.map(|(_, b)| b),
     })
 }
 
@@ -133,20 +141,32 @@ pub fn advice_table(a: &Advice, iterations: usize) -> String {
             None => "none: no budget trains this step within the limit".to_string(),
         },
     );
-    out += "| budget | bytes | of peak | first step | steady | status |\n";
-    out += "|---:|---:|---:|---:|---:|---|\n";
+    let swap = a.rows.iter().any(|r| r.steady_swap.is_some());
+    if swap {
+        out += "| budget | bytes | of peak | first step | steady | of it, stalls | swapped out | status |\n";
+        out += "|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    } else {
+        out += "| budget | bytes | of peak | first step | steady | status |\n";
+        out += "|---:|---:|---:|---:|---:|---|\n";
+    }
     for r in &a.rows {
+        let swap_cells = match (swap, r.steady_swap) {
+            (false, _) => String::new(),
+            (true, Some((stall, bytes))) => format!(" {stall:.3}× | {} |", human(bytes)),
+            (true, None) => " – | – |".to_string(),
+        };
         out += &format!(
-            "| {} | {} | {:.2} | {} | {} | {} |\n",
+            "| {} | {} | {:.2} | {} | {} |{} {} |\n",
             human(r.budget_bytes),
             r.budget_bytes,
             r.ratio,
             overhead(r.first_overhead),
             overhead(r.steady_overhead),
+            swap_cells,
             r.status.name()
         );
     }
-    out += "\noverhead: (compute + recompute) / compute of one step; first step online, steady = the last, planned\n";
+    out += "\noverhead: (compute + recompute + stalls on host copies) / compute of one step; first step online, steady = the last, planned\n";
     out
 }
 
@@ -174,6 +194,19 @@ pub fn run(args: AdviseArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    let dtr = match args.swap_bandwidth {
+        None => dtr,
+        Some(0.0) => dtr.with_swap(None),
+        Some(bw) if bw.is_finite() && bw > 0.0 => dtr.with_swap(Some(bw)),
+        Some(bw) => {
+            return Err(format!(
+                "--swap-bandwidth {bw}: expected a bandwidth in GB/s per direction, a finite \
+                 number above 0 (0 turns swap off)"
+            )
+            .into())
+        }
+    };
+    dtr.check()?;
     let spec = AdviseSpec {
         points: args.points as usize,
         iterations: args.iterations as usize,

@@ -66,6 +66,10 @@ pub struct AdviceRow {
     pub rematerializations: u64,
     /// The last step followed a plan.
     pub planned: bool,
+    /// With swap on: the last step's stalls on host-tier copies over its
+    /// compute (part of `steady_overhead`), and the bytes it copied to the
+    /// host; `None` with swap off or when it did not finish.
+    pub steady_swap: Option<(f64, u64)>,
 }
 
 /// The budget curve of a trace.
@@ -200,6 +204,14 @@ pub fn advise(
             evictions: r.evictions,
             rematerializations: r.rematerializations,
             planned: r.iterations.last().is_some_and(|l| l.planned),
+            steady_swap: (r.swap_bandwidth_gbps.is_some())
+                .then(|| r.iterations.last())
+                .flatten()
+                .filter(|l| l.status == ReplayStatus::Ok && r.iterations.len() > 1)
+                .map(|l| {
+                    let compute = base.compute_ns.max(1) as f64;
+                    (l.stall_ns as f64 / compute, l.swapped_out_bytes)
+                }),
         };
         runs.lock()
             .unwrap_or_else(|e| e.into_inner())
