@@ -288,7 +288,8 @@ pub struct Boundary {
 impl Boundary {
     /// The resident storages (the first of [`Boundary::storages`]).
     pub fn resident(&self) -> &[u64] {
-        &self.storages[..self.storages.len() - self.swapped as usize]
+        let n = self.storages.len().saturating_sub(self.swapped as usize);
+        &self.storages[..n]
     }
 
     /// Bytes resident at the boundary.
