@@ -36,6 +36,7 @@
 //! | [`op`] | [`OpHandle`] (recompute from input storages), [`FnOp`], [`OutputSpec`] (fresh / view) |
 //! | [`policy`] | [`EvictionPolicy`], [`DecisionView`], score policies, Coop window, remat's default; `policy::oracle`: the policies that read the future (the planner's portfolio, the replayer's analysis) |
 //! | [`config`] | [`DtrConfig`], `REMAT_DTR_CONF` parsing, [`PolicyKind`], [`BudgetMode`] |
+//! | [`swap`] | the host tier: [`SwapConfig`], [`HostTransfer`] (the adapter's copies), [`HostValue`], the copy-time model; the runtime's side is `runtime/swap.rs` |
 //! | [`unionfind`] | the union-find over evicted storages (h_DTR^eq) |
 //! | [`error`] | [`Error`], [`ImpossibleBudget`], [`ImpossibleCause`], [`OpError`] |
 //! | [`stats`] | [`RuntimeStats`], [`IterationReport`] |
