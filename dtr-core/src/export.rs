@@ -7,7 +7,7 @@
 //!
 //! | recording | trace |
 //! |---|---|
-//! | each storage resident at the start ([`Boundary::storages`]) | `CONSTANT s{k}` + `MEMORY` (a parameter, an input or a value held across steps); the tensors on it share that name, one `COPY` per further handle |
+//! | each storage live at the start, resident or in the host tier ([`crate::Boundary::storages`]) | `CONSTANT s{k}` + `MEMORY` (a parameter, an input or a value held across steps); the tensors on it share that name, one `COPY` per further handle |
 //! | a tensor at the start whose storage is not resident | `CONSTANT` of 0 bytes (it cannot be read) |
 //! | [`Event::Put`] | `CONSTANT c{n}` + `MEMORY` |
 //! | [`Event::Apply`] | `CALL` with the op's name and measured cost (`TIME`), then `MEMORY` and `ALIAS` per output (`-1` fresh, `k` a view of argument `k`, sized as its storage) |
