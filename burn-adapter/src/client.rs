@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ use crate::cost::{tensor_bytes, CostModel};
 use crate::device::{options_of, DtrDevice};
 use crate::error::{Error, Result};
 use crate::op::{is_recomputable, is_view, with_views, Chain, IrOp, Resident, Shared};
+use crate::swap::{measure_bandwidth, HostCopies};
 
 /// Figures of one DTR device.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -48,6 +50,15 @@ pub struct DtrStats {
     /// one after each optimizer step): its figures and whether it followed a
     /// plan.
     pub last_iteration: Option<IterationReport>,
+    /// Wall-clock ns spent copying to and from the host tier (the runtime's
+    /// `stall_ns` is the time model's figure at the configured bandwidth).
+    pub host_copy_ns: u64,
+    /// Storages of live tensors in the host tier now.
+    pub swapped: usize,
+    /// Of [`DtrStats::swapped`], those of roots: parameters, inputs,
+    /// optimizer state (sealed values), which only swap can take off the
+    /// device.
+    pub swapped_roots: usize,
 }
 
 impl fmt::Display for DtrStats {
@@ -66,7 +77,24 @@ impl fmt::Display for DtrStats {
             self.records,
             self.tensors,
             self.resident
-        )
+        )?;
+        let r = &self.runtime;
+        if r.swap_outs + r.swap_ins + r.swap_failures > 0 {
+            write!(
+                f,
+                ", swap-outs {} ({} B), swap-ins {} ({} B), peak host {} B, \
+                 stall {:.0} ns, copies {} ns, failed copies {}",
+                r.swap_outs,
+                r.swapped_out_bytes,
+                r.swap_ins,
+                r.swapped_in_bytes,
+                r.peak_host_bytes,
+                r.stall_ns,
+                self.host_copy_ns,
+                r.swap_failures
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -101,6 +129,8 @@ struct State<B: BackendIr> {
     uploads: u64,
     non_recomputable: u64,
     last_iteration: Option<IterationReport>,
+    /// Wall-clock ns spent in copies to and from the host tier.
+    copy_ns: Arc<AtomicU64>,
 }
 
 /// The client of one DTR device (a [`burn_router::RunnerClient`]).
@@ -139,11 +169,11 @@ impl<B: BackendIr> DtrClient<B> {
     /// bad configuration makes every op fail with its message (reads, sync and
     /// `take_error` report it).
     pub(crate) fn new(device: &DtrDevice<B>) -> Self {
+        let shared = Arc::new(Shared::new(device.inner().clone()));
+        let copy_ns = Arc::new(AtomicU64::new(0));
         let mut error = None;
         let mut unsynced = None;
-        let (rt, cost) = match options_of(device.slot())
-            .and_then(|o| Ok((Runtime::new(o.config)?, o.cost)))
-        {
+        let (rt, cost) = match Self::runtime(device, &shared, &copy_ns) {
             Ok(x) => x,
             Err(e) => {
                 // Every op fails with it (see `State::broken`); the runtime
@@ -170,10 +200,32 @@ impl<B: BackendIr> DtrClient<B> {
                 uploads: 0,
                 non_recomputable: 0,
                 last_iteration: None,
+                copy_ns,
             })),
-            shared: Arc::new(Shared::new(device.inner().clone())),
+            shared,
             device: device.clone(),
         }
+    }
+
+    /// The runtime of `device` from its options; with swap on, its host tier
+    /// (the bandwidth measured first when the config has none).
+    fn runtime(
+        device: &DtrDevice<B>,
+        shared: &Arc<Shared<B>>,
+        copy_ns: &Arc<AtomicU64>,
+    ) -> Result<(Runtime<Resident<B>>, CostModel)> {
+        let mut o = options_of(device.slot())?;
+        let swap = o.config.swap;
+        if swap.enabled && swap.bandwidth_gbps.is_none() {
+            let gbps = measure_bandwidth(shared).map_err(remat_dtr::Error::Transfer)?;
+            o.config.swap.bandwidth_gbps = Some(gbps);
+        }
+        let mut rt = Runtime::new(o.config)?;
+        if swap.enabled {
+            let copies = HostCopies::new(shared.clone(), o.swap_faults, copy_ns.clone());
+            rt.set_host_transfer(Box::new(copies))?;
+        }
+        Ok((rt, o.cost))
     }
 
     fn lock(&self) -> MutexGuard<'_, State<B>> {
@@ -185,7 +237,19 @@ impl<B: BackendIr> DtrClient<B> {
     /// Counters and memory figures.
     pub fn stats(&self) -> DtrStats {
         let st = self.lock();
+        let (mut swapped, mut swapped_roots) = (0, 0);
+        if st.rt.swap_enabled() {
+            let mut seen = std::collections::HashSet::new();
+            for e in st.entries.values() {
+                if seen.insert(e.t) && st.rt.is_swapped(e.t).unwrap_or(false) {
+                    swapped += 1;
+                    swapped_roots += usize::from(e.root);
+                }
+            }
+        }
         DtrStats {
+            swapped,
+            swapped_roots,
             runtime: st.rt.stats().clone(),
             memory: st.rt.memory_usage(),
             records: st.rt.storage_count(),
@@ -196,7 +260,16 @@ impl<B: BackendIr> DtrClient<B> {
             uploads: st.uploads,
             non_recomputable: st.non_recomputable,
             last_iteration: st.last_iteration.clone(),
+            host_copy_ns: st.copy_ns.load(Ordering::Relaxed),
         }
+    }
+
+    /// The host tier's bandwidth per direction (GB/s) when swap is on.
+    pub fn swap_bandwidth(&self) -> Option<f64> {
+        let st = self.lock();
+        (st.rt.swap_enabled())
+            .then(|| st.rt.config().swap.bandwidth_gbps)
+            .flatten()
     }
 
     /// Bytes of resident storages in the runtime's model, the budget, and the

@@ -9,12 +9,13 @@ use std::sync::{Mutex, OnceLock};
 use burn_backend::backend::{Device, DeviceId, DeviceOps};
 use burn_ir::BackendIr;
 use burn_router::get_client;
-use remat_dtr::DtrConfig;
+use remat_dtr::{DtrConfig, HostBudget};
 
 use crate::channel::DtrChannel;
 use crate::client::DtrStats;
 use crate::cost::CostModel;
 use crate::error::{Error, Result};
+use crate::swap::SwapFaults;
 
 /// `DeviceId::type_id` of every DTR device (an arbitrary tag; clients are keyed by
 /// the channel type as well, so it never meets another backend's ids).
@@ -25,10 +26,13 @@ const MAX_SLOTS: usize = u16::MAX as usize;
 /// Settings of one DTR device: the runtime config and how op costs are measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DtrOptions {
-    /// Budget, budget mode, policy, seed… (see [`remat_dtr::DtrConfig`]).
+    /// Budget, budget mode, policy, seed, host tier… (see
+    /// [`remat_dtr::DtrConfig`]; its `swap` field turns the host tier on).
     pub config: DtrConfig,
     /// How the cost of each op is taken.
     pub cost: CostModel,
+    /// Test hook: makes copies to or from the host tier fail on demand.
+    pub swap_faults: Option<SwapFaults>,
 }
 
 impl DtrOptions {
@@ -37,12 +41,49 @@ impl DtrOptions {
         Self {
             config,
             cost: CostModel::default(),
+            swap_faults: None,
         }
     }
 
     /// Replace the cost model.
     pub fn with_cost_model(mut self, cost: CostModel) -> Self {
         self.cost = cost;
+        self
+    }
+
+    /// Turn the host tier on (swap; see the crate doc, *Swap to host
+    /// memory*): storages are swapped to host memory when their two copies cost less
+    /// than recomputing them, and parameters, inputs and optimizer state
+    /// between their uses. The copy bandwidth is the config's
+    /// `swap_bandwidth` when set, else measured when the device starts (a
+    /// round trip of 4 MiB through the same copies; see
+    /// [`DtrDevice::swap_bandwidth`]). The same as `swap:on` in
+    /// `REMAT_DTR_CONF`.
+    pub fn with_swap(mut self) -> Self {
+        self.config.swap.enabled = true;
+        self
+    }
+
+    /// Turn the host tier on at `gbps` GB/s per direction, not measured
+    /// (`swap:on,swap_bandwidth:<gbps>`). A bandwidth that is not a positive
+    /// finite number makes the device fail with a config error naming
+    /// `swap_bandwidth`.
+    pub fn with_swap_bandwidth(mut self, gbps: f64) -> Self {
+        self.config.swap.enabled = true;
+        self.config.swap.bandwidth_gbps = Some(gbps);
+        self
+    }
+
+    /// The most bytes the host tier may hold (`host_budget`; `None`:
+    /// unbounded, the default).
+    pub fn with_host_budget(mut self, budget: Option<HostBudget>) -> Self {
+        self.config.swap.host_budget = budget;
+        self
+    }
+
+    /// Install the test hook `faults` (keep a clone to arm it).
+    pub fn with_swap_faults(mut self, faults: SwapFaults) -> Self {
+        self.swap_faults = Some(faults);
         self
     }
 }
@@ -80,7 +121,7 @@ pub(crate) fn options_of(slot: u16) -> Result<DtrOptions> {
 ///
 /// ```no_run
 /// use remat_burn::{Dtr, DtrDevice};
-/// use remat_dtr::DtrConfig;
+/// use remat_dtr::{DtrConfig, HostBudget};
 /// # fn run<B: burn_ir::BackendIr>(inner: B::Device) -> Result<(), remat_burn::Error> {
 /// let device = DtrDevice::<B>::new(inner, DtrConfig::default().with_budget(64 << 20))?;
 /// // Tensor::<Dtr<B>, 2>::zeros([8, 8], &device) …
@@ -141,6 +182,13 @@ impl<B: BackendIr> DtrDevice<B> {
     /// Counters and memory figures of this device's runtime.
     pub fn stats(&self) -> DtrStats {
         get_client::<DtrChannel<B>>(self).stats()
+    }
+
+    /// The host tier's copy bandwidth per direction in GB/s (configured, or
+    /// measured when the device started), when swap is on; `None` when it is
+    /// off.
+    pub fn swap_bandwidth(&self) -> Option<f64> {
+        get_client::<DtrChannel<B>>(self).swap_bandwidth()
     }
 
     /// Take the first error since the last take, typed. Failures do not stop

@@ -58,4 +58,13 @@ impl Error {
             _ => None,
         }
     }
+
+    /// The failed copy to or from the host tier, when this is one (a swap-in
+    /// that failed: the host copy is kept, and a later use copies it back).
+    pub fn transfer(&self) -> Option<&remat_dtr::TransferError> {
+        match self {
+            Error::Dtr(remat_dtr::Error::Transfer(e)) => Some(e),
+            _ => None,
+        }
+    }
 }

@@ -33,6 +33,7 @@
 //! | `op` | the compute path: the recorded IR op replayed on the runner (`IrOp`, the runtime's op handle), [`Resident`] (the guard whose drop frees an inner tensor), view chains, which ops are views and which are recomputable |
 //! | `device` | [`DtrDevice`] (one slot each: one client, one runtime, one budget; slot 0 from `REMAT_DTR_CONF`), [`DtrOptions`], calibration against the inner pools ([`PoolReport`], [`DeviceMemory`]), `empty_cache` |
 //! | `cost` | [`CostModel`]: wall-clock time on synchronous backends, an analytic estimate from the IR (bytes, matmul/conv flops) on asynchronous ones |
+//! | `swap` | the host tier: `HostCopies` (the runtime's `HostTransfer`: a swap-out reads the inner tensor into `TensorData`, a swap-in registers it again under the same id), the start-up bandwidth probe, [`SwapFaults`] (the test hook) |
 //! | `optim` (feature `optim`) | [`Sealing`], the optimizer wrapper that seals the device and ends the iteration after each step |
 //! | `error` | [`Error`] and [`Result`] |
 //!
@@ -85,6 +86,22 @@
 //!   reads, would stay recorded (and those uploads resident) for the whole run.
 //!   Wrap the optimizer in [`Sealing`] (feature `optim`, default) and it happens
 //!   inside `step`; or call [`DtrDevice::seal`] yourself.
+//! - **Swap to host memory** (off by default). With `swap:on` in
+//!   `REMAT_DTR_CONF`, or [`DtrOptions::with_swap`] /
+//!   [`DtrOptions::with_swap_bandwidth`], the runtime may swap a storage —
+//!   copy it to host memory with the inner backend's `into_data` and drop the
+//!   inner tensor — instead of evicting it, when the two copies cost less than
+//!   its recomputation; parameters, inputs and optimizer state, which cannot be
+//!   recomputed, leave the device between their uses. A swap-in registers the
+//!   bytes again (`from_data`) under the same tensor id: float, int and bool
+//!   tensors round-trip bit for bit. Without a configured `swap_bandwidth` the
+//!   device measures it when it starts (a 4 MiB round trip;
+//!   [`DtrDevice::swap_bandwidth`]). A failed swap-out leaves the value
+//!   resident; a failed swap-in fails the op or read that needed the value with
+//!   [`remat_dtr::Error::Transfer`] ([`Error::transfer`]), keeps the host copy,
+//!   and the next use copies it back. [`SwapFaults`] injects such failures in
+//!   tests. [`DtrStats`] counts swaps, bytes, the modelled stall and the real
+//!   copy time.
 //! - **Errors.** Burn's op methods return nothing, so an op that fails (for
 //!   instance with [`remat_dtr::Error::ImpossibleBudget`]) marks its outputs as
 //!   not computed. Reading one (`Tensor::try_into_data`; `into_data` panics with
@@ -121,6 +138,7 @@ mod error;
 mod op;
 #[cfg(feature = "optim")]
 mod optim;
+mod swap;
 
 pub use channel::{DtrBridge, DtrChannel};
 pub use client::{DtrClient, DtrStats};
@@ -130,6 +148,7 @@ pub use error::{Error, Result};
 pub use op::Resident;
 #[cfg(feature = "optim")]
 pub use optim::Sealing;
+pub use swap::SwapFaults;
 
 /// Re-exported so that users name one version of the DTR runtime's config.
 pub use remat_dtr;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use burn_backend::TensorData;
 use burn_ir::{
     BackendIr, BaseOperationIr, FloatOperationIr, NumericOperationIr, OperationIr, TensorId,
     TensorIr, TensorStatus,
@@ -69,6 +70,20 @@ impl<B: BackendIr> Shared<B> {
         }
     }
 
+    /// Whether a live guard owns `id` (its handle is registered in the runner).
+    pub(crate) fn is_owned(&self, id: TensorId) -> bool {
+        self.owners().contains_key(&id)
+    }
+
+    /// Register `data` in the runner under `ir`'s id (a value coming back from
+    /// the host tier) and take ownership of it. `ir.dtype` must not be
+    /// quantized (the runner cannot register those from data), and no live
+    /// guard may own the id.
+    pub(crate) fn restore(self: &Arc<Self>, ir: &TensorIr, data: TensorData) -> Resident<B> {
+        self.runner.register_tensor_data_id(ir.id, data);
+        self.adopt(ir)
+    }
+
     /// Remove `ir`'s handle from the runner (drops the inner tensor).
     pub(crate) fn unregister(&self, ir: &TensorIr) {
         let mut ir = ir.clone();
@@ -91,6 +106,11 @@ impl<B: BackendIr> Resident<B> {
     /// The burn tensor id under which the value is registered.
     pub fn id(&self) -> TensorId {
         self.ir.id
+    }
+
+    /// The tensor's description: id, shape, dtype.
+    pub(crate) fn ir(&self) -> &TensorIr {
+        &self.ir
     }
 }
 

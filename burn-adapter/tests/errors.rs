@@ -49,7 +49,7 @@ fn a_failed_op_reaches_the_reader_with_remat_figures_and_the_device_goes_on() {
     let text = err.to_string();
     assert!(text.contains("impossible budget"), "{text}");
     assert!(
-        text.contains("what must stay resident plus the request exceed the budget"),
+        text.contains("the op's own inputs and outputs exceed the budget"),
         "{text}"
     );
     assert!(text.contains("under a budget of 16384 B"), "{text}");
@@ -70,8 +70,10 @@ fn a_failed_op_reaches_the_reader_with_remat_figures_and_the_device_goes_on() {
     // The typed error, once.
     match device.take_error() {
         Some(Error::Dtr(remat_dtr::Error::ImpossibleBudget(b))) => {
-            assert_eq!(b.cause, ImpossibleCause::WorkingSetExceedsBudget, "{b}");
+            assert_eq!(b.cause, ImpossibleCause::OpWorkingSetExceedsBudget, "{b}");
             assert_eq!(b.budget, 16 << 10);
+            let op = b.op.as_ref().expect("the op is named");
+            assert_eq!((op.input_bytes, op.output_bytes), (12_000, 12_000), "{b}");
         }
         other => panic!("{other:?}"),
     }

@@ -423,3 +423,35 @@ fn plans_swap_parameters_and_are_followed_without_divergence() {
         "steps 3 to 5 follow their plans, which swap: {followed:?}"
     );
 }
+
+fn replaying_an_op_leaves_its_swapped_sibling_in_the_host_tier() {
+    // A two-output op: one output swapped, the other evicted; reading the
+    // evicted one replays the op, and the swapped one stays swapped (its host
+    // copy is not orphaned by a refill).
+    let (mut rt, _) = runtime(config(300, Some(1000.0)));
+    let x = rt.put(1, 100).unwrap();
+    let ab = rt
+        .apply(
+            op(1, 2),
+            &[x],
+            &[OutputSpec::fresh(100), OutputSpec::fresh(100)],
+            1_000_000,
+        )
+        .unwrap();
+    let (a, b) = (ab[0], ab[1]);
+    let mut k = 2;
+    while !rt.is_swapped(b).unwrap() {
+        assert!(k < 50, "b was never swapped");
+        rt.put(k, 100).unwrap();
+        rt.access(x).unwrap();
+        k += 1;
+    }
+    assert!(rt.evict(a).unwrap());
+    let host = rt.stats().host_bytes;
+    assert_eq!(*rt.access(a).unwrap(), mix(mix(1, 1), 0));
+    rt.check_invariants().unwrap();
+    assert!(rt.is_swapped(b).unwrap());
+    assert_eq!(rt.stats().host_bytes, host);
+    assert_eq!(*rt.access(b).unwrap(), mix(mix(1, 1), 1));
+    rt.check_invariants().unwrap();
+}

@@ -290,7 +290,9 @@ impl<V> Runtime<V> {
             .iter()
             .enumerate()
             .filter_map(|(k, o)| {
-                o.filter(|s| !self.graph.st(*s).is_resident())
+                // A swapped sibling stays in the host tier (its copy is its
+                // value); only evicted outputs are refilled.
+                o.filter(|s| self.graph.st(*s).residency == Residency::Evicted)
                     .map(|s| (k, s))
             })
             .collect();
