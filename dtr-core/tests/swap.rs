@@ -424,6 +424,7 @@ fn plans_swap_parameters_and_are_followed_without_divergence() {
     );
 }
 
+#[test]
 fn replaying_an_op_leaves_its_swapped_sibling_in_the_host_tier() {
     // A two-output op: one output swapped, the other evicted; reading the
     // evicted one replays the op, and the swapped one stays swapped (its host
