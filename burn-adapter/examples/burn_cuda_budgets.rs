@@ -1,7 +1,9 @@
 //! The GPU check kit's Burn step (`scripts/gpu-check`, issue 35; feature
 //! `cuda`): the burn-nn test model trained on `Autodiff<Dtr<Cuda>>`
 //! unconstrained and under 100 / 50 / 30 % of the unconstrained peak (logical
-//! budget), against `Autodiff<Cuda>` run twice.
+//! budget), then under 30 % and 10 % with swap to host memory (issue 33;
+//! Burn's own copies, the bandwidth measured when the device starts), against
+//! `Autodiff<Cuda>` run twice.
 //!
 //! ```text
 //! cargo run --release -p remat-burn --features cuda --example burn_cuda_budgets \
@@ -50,6 +52,9 @@ struct Run {
     evictions: u64,
     rematerializations: u64,
     secs: f64,
+    /// With swap: the bandwidth the device measured (GB/s), bytes copied to
+    /// host, swap-outs, and the copy time the transfer measured (ns).
+    swap: Option<(f64, u64, u64, u64)>,
 }
 
 /// `steps` Adam steps of the test model on `device`; `sample` is called after
@@ -97,7 +102,7 @@ fn run_reference(d: &Dims, steps: usize) -> Run {
     }
 }
 
-fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>) -> Result<Run, String> {
+fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>, swap: bool) -> Result<Run, String> {
     let mut config = DtrConfig::from_env()
         .map_err(|e| e.to_string())?
         .with_budget_mode(BudgetMode::Logical);
@@ -105,6 +110,9 @@ fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>) -> Result<Run, String> {
     if let Some(b) = budget {
         config = config.with_budget(b);
     }
+    // Swap to host memory through Burn's own copies, at the
+    // bandwidth the device measures when it starts.
+    config.swap.enabled = swap;
     let device = DtrDevice::<Cuda>::new(CudaDevice::new(0), config).map_err(|e| e.to_string())?;
     let mut run = Run::default();
     let mut sample_error = None;
@@ -141,6 +149,14 @@ fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>) -> Result<Run, String> {
     run.peak_allocated = stats.memory.peak_allocated;
     run.evictions = stats.runtime.evictions;
     run.rematerializations = stats.runtime.rematerializations;
+    if swap {
+        run.swap = Some((
+            device.swap_bandwidth().unwrap_or(0.0),
+            stats.runtime.swapped_out_bytes,
+            stats.runtime.swap_outs,
+            stats.host_copy_ns,
+        ));
+    }
     Ok(run)
 }
 
@@ -208,7 +224,7 @@ fn main() -> ExitCode {
 
     let mut ok = true;
     let mut rows = Vec::new();
-    let free = match run_dtr(&d, steps, None) {
+    let free = match run_dtr(&d, steps, None, false) {
         Ok(r) => r,
         Err(e) => {
             println!("Autodiff<Dtr<Cuda>> unconstrained failed: {e}");
@@ -217,13 +233,23 @@ fn main() -> ExitCode {
     };
     let peak = free.peak_allocated;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    for percent in [None, Some(100u64), Some(50), Some(30)] {
+    let runs = [
+        (None, false),
+        (Some(100u64), false),
+        (Some(50), false),
+        (Some(30), false),
+        (Some(30), true),
+        (Some(10), true),
+    ];
+    for (percent, swap) in runs {
         let budget = percent.map(|p| peak * p / 100);
-        let label = percent.map_or("unconstrained".to_string(), |p| format!("budget {p} %"));
+        let label = percent.map_or("unconstrained".to_string(), |p| {
+            format!("budget {p} %{}", if swap { " + swap" } else { "" })
+        });
         let run = if percent.is_none() {
             Ok(free.clone())
         } else {
-            run_dtr(&d, steps, budget)
+            run_dtr(&d, steps, budget, swap)
         };
         match run {
             Ok(r) => {
@@ -248,10 +274,25 @@ fn main() -> ExitCode {
                     r.rematerializations,
                     if same { "match" } else { "DIFFER" },
                 );
+                if let Some((gbps, bytes, outs, copy_ns)) = r.swap {
+                    println!(
+                        "{:>14}  swap: measured {gbps:.2} GB/s, {outs} swap-outs, {:.2} MiB to host, \
+                         copies took {:.3} s",
+                        "",
+                        mib(bytes),
+                        copy_ns as f64 / 1e9
+                    );
+                }
+                let swap_json = r.swap.map_or("null".to_string(), |(g, b, o, c)| {
+                    format!(
+                        "{{\"gbps\":{g:.3},\"swapped_out_bytes\":{b},\"swap_outs\":{o},\"copy_ns\":{c}}}"
+                    )
+                });
                 rows.push(format!(
                     "{{\"run\":\"{label}\",\"budget\":{},\"ok\":{},\"losses_match\":{same},\
                      \"max_rel_loss_diff\":{diff:e},\"peak_allocated\":{},\"model_live_max\":{},\
-                     \"pool_used_max\":{},\"evictions\":{},\"rematerializations\":{},\"secs\":{:.3}}}",
+                     \"pool_used_max\":{},\"evictions\":{},\"rematerializations\":{},\"secs\":{:.3},\
+                     \"swap\":{swap_json}}}",
                     budget.map_or("null".into(), |b| b.to_string()),
                     same && within,
                     r.peak_allocated,
