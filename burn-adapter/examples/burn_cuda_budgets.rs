@@ -1,7 +1,9 @@
 //! The GPU check kit's Burn step (`scripts/gpu-check`, issue 35; feature
 //! `cuda`): the burn-nn test model trained on `Autodiff<Dtr<Cuda>>`
 //! unconstrained and under 100 / 50 / 30 % of the unconstrained peak (logical
-//! budget), against `Autodiff<Cuda>` run twice.
+//! budget), then at 30 % and 10 % with the host tier on (swap, bandwidth
+//! measured at start-up; 10 % holds the step only with swap), against
+//! `Autodiff<Cuda>` run twice.
 //!
 //! ```text
 //! cargo run --release -p remat-burn --features cuda --example burn_cuda_budgets \
@@ -32,7 +34,7 @@ use burn_nn::loss::CrossEntropyLossConfig;
 use burn_optim::{GradientsParams, Optimizer};
 use burn_tensor::backend::AutodiffBackend;
 use model::{adam, batch, param_bits, Dims, TinyNet};
-use remat_burn::{Dtr, DtrDevice, Sealing};
+use remat_burn::{Dtr, DtrDevice, DtrOptions, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig};
 
 type Ours = Autodiff<Dtr<Cuda>>;
@@ -50,6 +52,21 @@ struct Run {
     evictions: u64,
     rematerializations: u64,
     secs: f64,
+    /// With swap on: the measured bandwidth (GB/s per direction), swaps out
+    /// and in with their bytes, the modelled stall and the real copy time.
+    swap: Option<SwapFigures>,
+}
+
+#[derive(Default, Clone)]
+struct SwapFigures {
+    gbps: f64,
+    outs: u64,
+    ins: u64,
+    out_bytes: u64,
+    in_bytes: u64,
+    peak_host_bytes: u64,
+    stall_ns: f64,
+    copy_ns: u64,
 }
 
 /// `steps` Adam steps of the test model on `device`; `sample` is called after
@@ -97,7 +114,7 @@ fn run_reference(d: &Dims, steps: usize) -> Run {
     }
 }
 
-fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>) -> Result<Run, String> {
+fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>, swap: bool) -> Result<Run, String> {
     let mut config = DtrConfig::from_env()
         .map_err(|e| e.to_string())?
         .with_budget_mode(BudgetMode::Logical);
@@ -105,7 +122,13 @@ fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>) -> Result<Run, String> {
     if let Some(b) = budget {
         config = config.with_budget(b);
     }
-    let device = DtrDevice::<Cuda>::new(CudaDevice::new(0), config).map_err(|e| e.to_string())?;
+    config.swap.enabled = false;
+    let mut options = DtrOptions::new(config);
+    if swap {
+        options = options.with_swap();
+    }
+    let device =
+        DtrDevice::<Cuda>::with_options(CudaDevice::new(0), options).map_err(|e| e.to_string())?;
     let mut run = Run::default();
     let mut sample_error = None;
     let start = Instant::now();
@@ -141,6 +164,19 @@ fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>) -> Result<Run, String> {
     run.peak_allocated = stats.memory.peak_allocated;
     run.evictions = stats.runtime.evictions;
     run.rematerializations = stats.runtime.rematerializations;
+    if let Some(gbps) = device.swap_bandwidth() {
+        let r = &stats.runtime;
+        run.swap = Some(SwapFigures {
+            gbps,
+            outs: r.swap_outs,
+            ins: r.swap_ins,
+            out_bytes: r.swapped_out_bytes,
+            in_bytes: r.swapped_in_bytes,
+            peak_host_bytes: r.peak_host_bytes,
+            stall_ns: r.stall_ns,
+            copy_ns: stats.host_copy_ns,
+        });
+    }
     Ok(run)
 }
 
@@ -208,7 +244,7 @@ fn main() -> ExitCode {
 
     let mut ok = true;
     let mut rows = Vec::new();
-    let free = match run_dtr(&d, steps, None) {
+    let free = match run_dtr(&d, steps, None, false) {
         Ok(r) => r,
         Err(e) => {
             println!("Autodiff<Dtr<Cuda>> unconstrained failed: {e}");
@@ -217,13 +253,23 @@ fn main() -> ExitCode {
     };
     let peak = free.peak_allocated;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    for percent in [None, Some(100u64), Some(50), Some(30)] {
+    let runs = [
+        (None, false),
+        (Some(100u64), false),
+        (Some(50), false),
+        (Some(30), false),
+        (Some(30), true),
+        (Some(10), true),
+    ];
+    for (percent, swap) in runs {
         let budget = percent.map(|p| peak * p / 100);
-        let label = percent.map_or("unconstrained".to_string(), |p| format!("budget {p} %"));
+        let label = percent.map_or("unconstrained".to_string(), |p| {
+            format!("budget {p} %{}", if swap { " + swap" } else { "" })
+        });
         let run = if percent.is_none() {
             Ok(free.clone())
         } else {
-            run_dtr(&d, steps, budget)
+            run_dtr(&d, steps, budget, swap)
         };
         match run {
             Ok(r) => {
@@ -248,10 +294,39 @@ fn main() -> ExitCode {
                     r.rematerializations,
                     if same { "match" } else { "DIFFER" },
                 );
+                let mut swap_json = String::from("null");
+                if let Some(s) = &r.swap {
+                    println!(
+                        "{:>14}  swap at {:.2} GB/s (measured): {} out ({:.2} MiB), {} in                          ({:.2} MiB), host peak {:.2} MiB, stall (model) {:.2} ms, copies                          (real) {:.2} ms",
+                        "",
+                        s.gbps,
+                        s.outs,
+                        mib(s.out_bytes),
+                        s.ins,
+                        mib(s.in_bytes),
+                        mib(s.peak_host_bytes),
+                        s.stall_ns / 1e6,
+                        s.copy_ns as f64 / 1e6
+                    );
+                    swap_json = format!(
+                        "{{\"gbps\":{:.3},\"swap_outs\":{},\"swap_ins\":{},\
+                         \"swapped_out_bytes\":{},\"swapped_in_bytes\":{},\
+                         \"peak_host_bytes\":{},\"stall_ns\":{:.0},\"copy_ns\":{}}}",
+                        s.gbps,
+                        s.outs,
+                        s.ins,
+                        s.out_bytes,
+                        s.in_bytes,
+                        s.peak_host_bytes,
+                        s.stall_ns,
+                        s.copy_ns
+                    );
+                }
                 rows.push(format!(
                     "{{\"run\":\"{label}\",\"budget\":{},\"ok\":{},\"losses_match\":{same},\
                      \"max_rel_loss_diff\":{diff:e},\"peak_allocated\":{},\"model_live_max\":{},\
-                     \"pool_used_max\":{},\"evictions\":{},\"rematerializations\":{},\"secs\":{:.3}}}",
+                     \"pool_used_max\":{},\"evictions\":{},\"rematerializations\":{},\"secs\":{:.3},\
+                     \"swap\":{swap_json}}}",
                     budget.map_or("null".into(), |b| b.to_string()),
                     same && within,
                     r.peak_allocated,
