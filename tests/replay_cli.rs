@@ -177,10 +177,11 @@ fn swap_bandwidth_moves_bytes_to_the_host_tier_and_reports_them() {
     let out = on["swapped_out_bytes"].as_u64().unwrap();
     let back = on["swapped_in_bytes"].as_u64().unwrap();
     assert!(out > 0, "the constant leaves the device: {on}");
-    assert!(
-        back <= out && on["peak_host_bytes"].as_u64().unwrap() <= out,
-        "{on}"
-    );
+    // The host tier holds only what was copied out; a clean copy (trace
+    // values change only by MUTATE) comes back again without a new copy out,
+    // so more may come in than went out.
+    assert!(back > 0, "{on}");
+    assert!(on["peak_host_bytes"].as_u64().unwrap() <= out, "{on}");
     // Stalls count in the overhead: (compute + recompute + stalls) / compute.
     let total = on["total_compute_ns"].as_u64().unwrap() as f64;
     let base = on["baseline_compute_ns"].as_u64().unwrap() as f64;

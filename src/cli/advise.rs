@@ -194,19 +194,7 @@ pub fn run(args: AdviseArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let dtr = match args.swap_bandwidth {
-        None => dtr,
-        Some(0.0) => dtr.with_swap(None),
-        Some(bw) if bw.is_finite() && bw > 0.0 => dtr.with_swap(Some(bw)),
-        Some(bw) => {
-            return Err(format!(
-                "--swap-bandwidth {bw}: expected a bandwidth in GB/s per direction, a finite \
-                 number above 0 (0 turns swap off)"
-            )
-            .into())
-        }
-    };
-    dtr.check()?;
+    let dtr = super::replay::with_swap_flag(dtr, args.swap_bandwidth)?;
     let spec = AdviseSpec {
         points: args.points as usize,
         iterations: args.iterations as usize,

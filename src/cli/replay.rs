@@ -115,11 +115,19 @@ fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error
         Some(c) => AllocatorConfig::parse(c)?,
         None => AllocatorConfig::from_env()?,
     };
-    let mut dtr = dtr.with_allocator(allocator);
-    match args.swap_bandwidth {
-        None => {}
-        Some(0.0) => dtr = dtr.with_swap(None),
-        Some(bw) if bw.is_finite() && bw > 0.0 => dtr = dtr.with_swap(Some(bw)),
+    with_swap_flag(dtr.with_allocator(allocator), args.swap_bandwidth)
+}
+
+/// `config` with `--swap-bandwidth` applied (absent: as configured; 0: off;
+/// a bandwidth: on at it), checked.
+pub(crate) fn with_swap_flag(
+    config: DtrConfig,
+    swap_bandwidth: Option<f64>,
+) -> Result<DtrConfig, Box<dyn std::error::Error>> {
+    let config = match swap_bandwidth {
+        None => config,
+        Some(0.0) => config.with_swap(None),
+        Some(bw) if bw.is_finite() && bw > 0.0 => config.with_swap(Some(bw)),
         Some(bw) => {
             return Err(format!(
                 "--swap-bandwidth {bw}: expected a bandwidth in GB/s per direction, a finite \
@@ -127,9 +135,9 @@ fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error
             )
             .into())
         }
-    }
-    dtr.check()?;
-    Ok(dtr)
+    };
+    config.check()?;
+    Ok(config)
 }
 
 /// The `--json` object of one run.
