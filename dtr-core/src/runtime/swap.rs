@@ -26,7 +26,8 @@ pub(super) struct HostTier<V> {
     pub engines: CopyEngines,
     /// The most bytes the tier holds (`None`: unbounded).
     pub limit: Option<u64>,
-    /// Host copies by storage index; `Some` iff the storage is swapped.
+    /// Host copies by storage index: every swapped storage's, and the clean
+    /// copies of resident ones (with `keep_clean`).
     pub copies: Vec<Option<HostValue>>,
     /// Storages the tier refused ([`crate::graph::StorageRec::swap_refused`]),
     /// offered again when it gives bytes back.
@@ -98,8 +99,7 @@ impl<V> Runtime<V> {
         });
         self.graph.swap_ns_per_byte = Some(1.0 / gbps);
         // Storages that were not candidates only for lack of recomputation
-        // may be now.
-        // and every candidate's price changes.
+        // may be now, and every candidate's price changes.
         let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
         for i in ids {
             self.graph.withdraw(StorageId(i));
