@@ -180,6 +180,9 @@ impl Device for Scripted {
     }
 }
 
+/// Where a block sits: (segment in order of creation, offset in it).
+type Place = Option<(usize, u64)>;
+
 /// What one replay decided, and how long its mallocs took.
 #[derive(Default)]
 struct Outcome {
@@ -187,7 +190,7 @@ struct Outcome {
     /// The segments' addresses in order of allocation, with their sizes.
     addresses: Vec<(usize, DevicePtr)>,
     /// Per malloc: block size, (segment ordinal, offset), address.
-    blocks: Vec<(usize, Option<(usize, u64)>, DevicePtr)>,
+    blocks: Vec<(usize, Place, DevicePtr)>,
     /// Reserved bytes after every event.
     reserved: Vec<i64>,
     peak_reserved: i64,
