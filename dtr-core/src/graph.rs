@@ -223,6 +223,19 @@ impl Graph {
             && r.bytes >= self.min_evictee_bytes
     }
 
+    /// Turn swap pricing on (ns per byte of one copy) or off, and offer
+    /// every storage again: one that was no candidate only for lack of
+    /// recomputation may be one now (or no longer), and every candidate's
+    /// price changes.
+    pub(crate) fn set_swap_price(&mut self, ns_per_byte: Option<f64>) {
+        self.swap_ns_per_byte = ns_per_byte;
+        let ids: Vec<u32> = self.storages.iter().map(|(i, _)| i).collect();
+        for i in ids {
+            self.withdraw(StorageId(i));
+            self.offer(StorageId(i));
+        }
+    }
+
     /// The online price (ns) of swapping `s`: a copy out (none when the
     /// host tier holds a clean copy) and a copy back, each waited for; `None`
     /// with swap off.

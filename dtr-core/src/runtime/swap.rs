@@ -97,14 +97,7 @@ impl<V> Runtime<V> {
             copies: Vec::new(),
             refused: Vec::new(),
         });
-        self.graph.swap_ns_per_byte = Some(1.0 / gbps);
-        // Storages that were not candidates only for lack of recomputation
-        // may be now, and every candidate's price changes.
-        let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
-        for i in ids {
-            self.graph.withdraw(StorageId(i));
-            self.graph.offer(StorageId(i));
-        }
+        self.graph.set_swap_price(Some(1.0 / gbps));
         Ok(())
     }
 
@@ -112,12 +105,7 @@ impl<V> Runtime<V> {
     /// come back by a copy) but swap nothing more out: the planner's
     /// recompute-only simulations.
     pub(crate) fn forbid_swap_outs(&mut self) {
-        self.graph.swap_ns_per_byte = None;
-        let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
-        for i in ids {
-            self.graph.withdraw(StorageId(i));
-            self.graph.offer(StorageId(i));
-        }
+        self.graph.set_swap_price(None);
     }
 
     /// Whether swap is on (a transfer was given and the config asks for it).
