@@ -82,6 +82,11 @@ impl StorageRec {
         self.residency == Residency::Resident
     }
 
+    /// Its value exists: resident, or swapped to the host tier (not evicted).
+    pub(crate) fn holds_value(&self) -> bool {
+        self.residency != Residency::Evicted
+    }
+
     /// Released, read by no compute path and unpinned: a real delete may
     /// free it (`Runtime::delete_cascade`).
     pub(crate) fn deletable(&self) -> bool {

@@ -280,11 +280,17 @@ impl PlanStatus {
 }
 
 impl IterationReport {
+    /// First computations, rematerializations and stalls on host-tier
+    /// copies: what the iteration took in the cost model (ns).
+    pub fn wall_ns(&self) -> f64 {
+        self.compute_ns + self.remat_ns + self.stall_ns
+    }
+
     /// (first computations + rematerializations + stalls on host-tier copies)
     /// / first computations.
     pub fn overhead(&self) -> f64 {
         if self.compute_ns > 0.0 {
-            (self.compute_ns + self.remat_ns + self.stall_ns) / self.compute_ns
+            self.wall_ns() / self.compute_ns
         } else {
             1.0
         }

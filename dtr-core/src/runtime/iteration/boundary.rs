@@ -211,7 +211,7 @@ impl<V> Runtime<V> {
             .graph
             .storages
             .iter()
-            .filter(|(_, r)| r.is_resident() || r.residency == Residency::Swapped)
+            .filter(|(_, r)| r.holds_value())
             .map(|(i, _)| (key(StorageId(i)), StorageId(i)))
             .collect();
         order.sort_unstable_by_key(|&(k, _)| k);
@@ -298,8 +298,7 @@ impl<V> Runtime<V> {
         for i in ids {
             let s = StorageId(i);
             let r = self.graph.st(s);
-            let live = r.is_resident() || r.residency == Residency::Swapped;
-            if live && r.recomputable {
+            if r.holds_value() && r.recomputable {
                 self.graph.withdraw(s);
                 self.graph.st_mut(s).recomputable = false;
                 // Swappable still, with swap on.
@@ -336,9 +335,8 @@ impl<V> Runtime<V> {
             // After a planned iteration the alternative to a new plan is an
             // online one, not the plan it followed (which may no longer
             // match the boundary: swaps move storages between the tiers).
-            let total = report.compute_ns + report.remat_ns + report.stall_ns;
             if !report.planned && !self.iter.recorder.broken {
-                self.iter.planning.online_cost = Some(total);
+                self.iter.planning.online_cost = Some(report.wall_ns());
             } else if report.planned {
                 bound = bound.max(self.iter.planning.online_cost.unwrap_or(0.0));
             }
@@ -499,7 +497,7 @@ impl<V> Runtime<V> {
     pub(super) fn plan_bound(report: &IterationReport, unrepeated: bool, swap: bool) -> f64 {
         // Stalls on host-tier copies count: a recompute-only plan is adopted
         // only where it is no slower than the iteration that swapped.
-        let measured = report.compute_ns + report.remat_ns + report.stall_ns;
+        let measured = report.wall_ns();
         if (report.rescued || unrepeated) && !swap {
             measured.max(RESCUED_PLAN_LIMIT * report.compute_ns)
         } else {
