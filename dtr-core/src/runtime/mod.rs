@@ -330,11 +330,21 @@ impl<V> Runtime<V> {
     /// index (what remat's published figures were measured with). Planned and in
     /// the planner's simulations: creation order (iteration, then sequence
     /// number), which, unlike reused slab indices, is the same in every
-    /// iteration, so a plan's regenerations replay exactly.
+    /// iteration, so a plan's regenerations replay exactly. A storage of the
+    /// boundary the iteration started from goes by its position there, first:
+    /// the simulation made those storages in that order, while the real ones
+    /// were made over earlier iterations in another (swapped parameters read
+    /// by one op were swapped back in in different orders, and the plan
+    /// diverged).
     fn creation_key(&self, s: StorageId) -> (u32, u32, u32) {
         if self.iter.follower.stable_order {
             let r = self.graph.st(s);
-            (r.epoch, r.seq, s.0)
+            if r.epoch < self.iter.epoch {
+                if let Some(&pos) = self.iter.prefix_pos.get(&s.0) {
+                    return (0, pos, 0);
+                }
+            }
+            (r.epoch.max(1), r.seq, s.0)
         } else {
             (0, 0, s.0)
         }

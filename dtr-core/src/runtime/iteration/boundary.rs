@@ -221,16 +221,18 @@ impl<V> Runtime<V> {
             .enumerate()
             .map(|(k, s)| (s.0, k as u32))
             .collect();
-        // A resident storage's key is its position; an evicted one's is
-        // computed once.
-        let mut evicted: AHashMap<u32, _> = AHashMap::new();
+        // Tensors are numbered by their storage's key without its residency
+        // (swapped or resident: the storages of a swapping plan move between
+        // the two, and a plan names tensors by number), those on evicted
+        // storages last. Each storage's key is computed once.
+        let mut keys: AHashMap<u32, _> = AHashMap::new();
         let mut live: Vec<(_, u32, &TensorRec)> = (self.tensors.iter())
             .map(|(i, t)| {
                 let s = t.storage;
-                let k = match position.get(&s.0) {
-                    Some(&p) => (false, p as u64, 0, 0, 0),
-                    None => *evicted.entry(s.0).or_insert_with(|| key(s)),
-                };
+                let k = *keys.entry(s.0).or_insert_with(|| {
+                    let (_, born, epoch, seq, idx) = key(s);
+                    (!position.contains_key(&s.0), born, epoch, seq, idx)
+                });
                 ((k, t.born), i, t)
             })
             .collect();
