@@ -37,11 +37,20 @@ pub struct IterationPlan {
     pub simulated_budget: u64,
     /// The portfolio entry that won and how it was placed (`arena`: best fit
     /// in a flat arena during the simulation; `placed`: logical simulation,
-    /// then the static planner; `logical`: logical budgets). A restarted
-    /// entry's perturbed copy with seed `k` is named `<entry>~k`.
+    /// then the static planner; `prefetch`: either, placed again by the
+    /// static planner with each swap-in's destination free from when its
+    /// copy must start (the planner's `prefetch` module); `logical`: logical
+    /// budgets). A restarted entry's perturbed copy with seed `k` is named
+    /// `<entry>~k`.
     pub policy: String,
-    /// Simulated first computations plus rematerializations (ns).
+    /// Simulated first computations plus rematerializations and stalls on
+    /// host-tier copies, the swap-ins re-timed as the follower prefetches
+    /// them (ns).
     pub total_ns: f64,
+    /// The same with every swap-in copied at its read, as simulated (ns): what
+    /// following the plan costs at most (starting copies earlier never makes
+    /// a later event later). Equal to `total_ns` without swap-ins.
+    pub bound_ns: f64,
     /// Simulated first computations (ns).
     pub compute_ns: f64,
     /// Wall time spent planning (ms).
@@ -58,6 +67,16 @@ impl IterationPlan {
     pub fn overhead(&self) -> f64 {
         if self.compute_ns > 0.0 {
             self.total_ns / self.compute_ns
+        } else {
+            1.0
+        }
+    }
+
+    /// The most following the plan costs, over first computations (see
+    /// [`IterationPlan::bound_ns`]).
+    pub fn bound_overhead(&self) -> f64 {
+        if self.compute_ns > 0.0 {
+            self.bound_ns.max(self.total_ns) / self.compute_ns
         } else {
             1.0
         }

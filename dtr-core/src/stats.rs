@@ -73,7 +73,8 @@ pub struct RuntimeStats {
     /// iteration, or a plan step could not be taken).
     pub divergences: u64,
     /// Compute stalled waiting for copies to or from the host tier (ns): a
-    /// swap-out whose memory was needed, a swap-in read at once.
+    /// swap-out whose memory was needed before its copy completed, a swap-in
+    /// read before its copy completed.
     pub stall_ns: f64,
     /// Storages swapped out to the host tier (those of
     /// [`RuntimeStats::clean_swap_outs`] included).
@@ -83,6 +84,10 @@ pub struct RuntimeStats {
     pub clean_swap_outs: u64,
     /// Storages swapped back in.
     pub swap_ins: u64,
+    /// Of [`RuntimeStats::swap_ins`]: copies a plan started ahead of the
+    /// read, once their destination range was free (see
+    /// `Runtime::prefetch_issue`); the others started at the read.
+    pub prefetches: u64,
     /// Bytes copied to the host tier.
     pub swapped_out_bytes: u64,
     /// Bytes copied back from the host tier.

@@ -10,13 +10,16 @@
 //!   memory of a swapped-out storage is freed only after its copy completed.
 //! - [`CopyEngines`]: the time model: one copy engine per direction,
 //!   concurrent with compute. An online swap-out that makes room stalls
-//!   compute until its copy completes (the memory is needed now); a swap-in
-//!   stalls until its copy completes (nothing prefetched it). A planned
-//!   swap-out (a plan's simulation, and an iteration following the plan) may
-//!   start its copy at the storage's last use, since the plan knows then
-//!   that it will swap it. This is the replayer's model: the adapters'
-//!   transfers are synchronous today, so on a device a planned swap-out
-//!   copies when its memory is needed, as an online one does.
+//!   compute until its copy completes (the memory is needed now); an online
+//!   swap-in stalls until its copy completes (nothing prefetched it). A
+//!   planned swap-out (a plan's simulation, and an iteration following the
+//!   plan) may start its copy at the storage's last use, since the plan
+//!   knows then that it will swap it; a planned swap-in, in an iteration
+//!   following its plan, starts its copy once its destination range in the
+//!   plan's arena holds nothing needed and its host copy is complete (a
+//!   prefetch), and stalls only for what is left at the read. This is the
+//!   replayer's model: the adapters' transfers are synchronous today, so on
+//!   a device every copy happens when its memory is needed, as online.
 //!
 //! # The choice, and why it bounds an online step
 //!
@@ -226,6 +229,24 @@ impl CopyEngines {
         done - now
     }
 
+    /// A copy of `bytes` back to the device that could start at `issue` (a
+    /// plan knows the storage's next use, and the copy may start once its
+    /// destination range in the plan's arena is free and its host copy is
+    /// complete) and is read at `now`: the stall (ns) until it completes, 0
+    /// when it completed already. Copies are taken in the order they are
+    /// read (one stream per direction), so a copy never overtakes an
+    /// earlier-read one.
+    pub fn swap_in_ahead(&mut self, issue: f64, now: f64, bytes: u64) -> f64 {
+        let done = self.h2d_free_at.max(issue.min(now)) + bytes as f64 * self.ns_per_byte;
+        self.h2d_free_at = done;
+        (done - now).max(0.0)
+    }
+
+    /// When the device-to-host engine completes the copies queued so far.
+    pub fn d2h_done(&self) -> f64 {
+        self.d2h_free_at
+    }
+
     /// The price of swapping `bytes` online: one copy out and one back, each
     /// waited for (ns).
     pub fn round_trip(&self, bytes: u64) -> f64 {
@@ -255,6 +276,14 @@ mod tests {
         // Ahead, but queued behind that copy: stalls for the rest.
         assert_eq!(e.swap_out_ahead(1150.0, 1250.0, 100), 50.0);
         assert_eq!(e.round_trip(7), 14.0);
+        // A prefetch issued ahead of its read: hidden behind compute.
+        assert_eq!(e.swap_in_ahead(2000.0, 2500.0, 100), 0.0);
+        assert_eq!(e.h2d_free_at, 2100.0);
+        // One issued too late for its read stalls for the rest; one queued
+        // behind it waits for it.
+        assert_eq!(e.swap_in_ahead(2450.0, 2500.0, 100), 50.0);
+        assert_eq!(e.swap_in_ahead(0.0, 2700.0, 100), 0.0);
+        assert_eq!(e.swap_in_ahead(0.0, 2700.0, 100), 50.0);
     }
 
     #[test]

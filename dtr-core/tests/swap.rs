@@ -82,6 +82,17 @@ fn runtime_with(config: DtrConfig, immutable: bool) -> (Runtime<u64>, Arc<Mutex<
 /// `layers` parameters of `bytes` each and a chain through them: a forward
 /// pass whose every step reads one parameter. Returns the output's value.
 fn forward(rt: &mut Runtime<u64>, params: &[TensorId], x: TensorId, bytes: u64) -> TensorId {
+    forward_costing(rt, params, x, bytes, 1000)
+}
+
+/// [`forward`] with ops of `cost_ns` each.
+fn forward_costing(
+    rt: &mut Runtime<u64>,
+    params: &[TensorId],
+    x: TensorId,
+    bytes: u64,
+    cost_ns: u64,
+) -> TensorId {
     let mut h = x;
     for (k, &p) in params.iter().enumerate() {
         let next = rt
@@ -89,7 +100,7 @@ fn forward(rt: &mut Runtime<u64>, params: &[TensorId], x: TensorId, bytes: u64) 
                 op(k as u64 + 7, 1),
                 &[h, p],
                 &[OutputSpec::fresh(bytes)],
-                1000,
+                cost_ns,
             )
             .unwrap()[0];
         rt.check_invariants().unwrap();
@@ -455,4 +466,62 @@ fn replaying_an_op_leaves_its_swapped_sibling_in_the_host_tier() {
     assert_eq!(rt.stats().host_bytes, host);
     assert_eq!(*rt.access(b).unwrap(), mix(mix(1, 1), 1));
     rt.check_invariants().unwrap();
+}
+
+#[test]
+fn a_followed_plan_prefetches_its_swap_ins() {
+    // Physical budget: a followed plan places every allocation in its arena,
+    // so it knows when a swap-in's destination comes free and starts the
+    // copy then, not at the read. Twelve 1 MiB parameters under a budget of
+    // seven and a half: every step swaps most of them out and back. Each op
+    // computes for 100 µs, longer than a 1 MiB copy at 24 GB/s (44 µs), so a
+    // prefetched copy can hide behind compute where the plan leaves its
+    // destination free early enough (the planner places each swap-in's
+    // destination from when its copy must start, and simulates with room
+    // for that); online, each swap-in is read at once.
+    const MB: u64 = 1 << 20;
+    let run = |budget: Option<u64>| {
+        let mut c = config(u64::MAX, Some(24.0))
+            .with_plan_ahead(true)
+            .with_budget_mode(BudgetMode::Physical);
+        c.budget = budget;
+        let (mut rt, _) = runtime_with(c, true);
+        let params: Vec<TensorId> = (0..12).map(|k| rt.put(mix(k, 3), MB).unwrap()).collect();
+        let mut out = Vec::new();
+        let mut steps = Vec::new();
+        for step in 0..4u64 {
+            let before = rt.stats().clone();
+            let x = rt.put(step, MB).unwrap();
+            let y = forward_costing(&mut rt, &params, x, MB, 100_000);
+            out.push(*rt.access(y).unwrap());
+            rt.release(y).unwrap();
+            rt.release(x).unwrap();
+            let s = rt.stats();
+            let prefetches = s.prefetches - before.prefetches;
+            let swap_ins = s.swap_ins - before.swap_ins;
+            let report = rt.end_iteration().unwrap();
+            steps.push((
+                report.planned,
+                report.divergences,
+                swap_ins,
+                prefetches,
+                report.stall_ns,
+            ));
+            rt.check_invariants().unwrap();
+        }
+        (out, steps)
+    };
+    let (plain, _) = run(None);
+    let (swapped, steps) = run(Some(7 * MB + MB / 2));
+    assert_eq!(swapped, plain, "bit-identical to an unbounded run");
+    let (planned, divergences, swap_ins, prefetches, stall) = steps[3];
+    let online_stall = steps[0].4;
+    assert!(
+        planned && divergences == 0 && swap_ins > 0 && prefetches == swap_ins,
+        "the fourth step follows its plan and prefetches every swap-in: {steps:?}"
+    );
+    assert!(
+        stall < online_stall / 2.0,
+        "prefetched copies hide behind compute: {steps:?}"
+    );
 }

@@ -101,6 +101,11 @@ impl ArenaLayout {
         }
     }
 
+    /// Whether planned allocation `k` is at `ptr` with rounded size `size`.
+    pub(crate) fn is_at(&self, k: usize, ptr: u64, size: u64) -> bool {
+        self.offsets.get(k) == Some(&ptr) && self.sizes.get(k) == Some(&size)
+    }
+
     /// Planned allocations.
     pub fn len(&self) -> usize {
         self.offsets.len()
@@ -111,7 +116,9 @@ impl ArenaLayout {
         self.offsets.is_empty()
     }
 
-    fn preds(&self, k: usize) -> &[u32] {
+    /// The earlier planned allocations that last covered some byte of
+    /// allocation `k`: its range is free once every one of them is freed.
+    pub(crate) fn preds(&self, k: usize) -> &[u32] {
         &self.preds[self.pred_start[k] as usize..self.pred_start[k + 1] as usize]
     }
 }

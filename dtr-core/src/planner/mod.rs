@@ -35,6 +35,15 @@
 //! iteration the runtime had to rescue, no more than twice its first
 //! computations: `Runtime::plan_bound`).
 //!
+//! With swap on, a simulation copies a swapped storage back at its read, as
+//! an online step must; the iteration that follows the plan knows the read
+//! is coming and starts the copy once its destination in the plan's arena
+//! is free (`Runtime::prefetch_issue`). So each placed schedule is ranked by
+//! its swap-ins re-timed that way ([`prefetch`]), and placed once more with
+//! each swap-in's destination held free from when its copy must start,
+//! where that fits; where it does not fit, the entry is simulated once more
+//! with that much room left.
+//!
 //! Why it works: DTR's heuristics guess the future from the past (staleness); a
 //! repeated iteration *is* its own past, so the future-knowing prices (Belady's
 //! next use with recompute costs, free evictions of storages never read again)
@@ -140,10 +149,11 @@ const PORTFOLIO: [(&str, Entry); 6] = [
 /// How a simulation places its allocations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Placement {
-    /// In a flat arena of the budget, best fit at run time of the simulation:
+    /// In a flat arena of this many bytes (the budget, or less to leave room
+    /// for prefetched swap-ins), best fit at run time of the simulation:
     /// the policy sees addresses and evicts to open holes; the offsets are the
     /// simulation's own.
-    Arena,
+    Arena(u64),
     /// Under a logical budget (no addresses), placed afterwards by the static
     /// planner; fits only if the planner's arena is within the budget.
     Logical(u64),
@@ -231,6 +241,7 @@ fn plan_with_work_limit(
         future: Arc::new(future_of(rec)),
         measured_ns,
         best: None,
+        best_simulated: f64::INFINITY,
         placed_fit: None,
         simulations: 0,
         work: 0,
@@ -424,7 +435,9 @@ enum Outcome {
     /// The simulation failed (impossible budget or over the cost limit).
     Infeasible,
     /// It fits the budget (and became the best plan if it is the cheapest).
-    Fits,
+    /// With the room its swap-ins' prefetches would need beside it, when
+    /// they did not fit (bytes, less than the budget).
+    Fits(Option<u64>),
     /// Its static placement needs this many bytes, over the budget.
     Over(u64),
 }
@@ -437,6 +450,11 @@ struct Planner<'a> {
     future: Arc<Future>,
     measured_ns: f64,
     best: Option<IterationPlan>,
+    /// The best plan's simulated cost before its swap-ins were re-timed as
+    /// prefetched (ns): what later simulations are cut off by. They time
+    /// their swap-ins at the read, so against the re-timed cost they would
+    /// be cut off before they could show theirs.
+    best_simulated: f64,
     /// The largest simulated budget at which a placed schedule fitted.
     placed_fit: Option<u64>,
     simulations: u32,
@@ -466,15 +484,17 @@ impl Planner<'_> {
         let budget = self.budget;
         let mut done = (false, false);
         if in_arena {
-            done.0 = !matches!(
-                self.try_placement(name, entry, Placement::Arena)?,
-                Outcome::Infeasible
-            );
+            let outcome = self.try_placement(name, entry, Placement::Arena(budget), false)?;
+            done.0 = !matches!(outcome, Outcome::Infeasible);
+            if let (Outcome::Fits(Some(room)), 0) = (outcome, entry.seed()) {
+                self.try_placement(name, entry, Placement::Arena(budget - room), true)?;
+            }
         }
         if !placed {
             return Ok(done);
         }
         let mut fits: Option<u64> = None;
+        let mut room: Option<u64> = None;
         let mut over = budget;
         // A perturbed copy starts where a placed schedule already fitted:
         // at the full budget its placement would overflow as the unperturbed
@@ -484,13 +504,16 @@ impl Planner<'_> {
             _ => self.placed_fit.unwrap_or(budget),
         };
         for attempt in 0..SHRINK_ATTEMPTS {
-            let outcome = self.try_placement(name, entry, Placement::Logical(b))?;
+            let outcome = self.try_placement(name, entry, Placement::Logical(b), false)?;
             if attempt == 0 {
                 done.1 = !matches!(outcome, Outcome::Infeasible);
             }
             match outcome {
                 Outcome::Infeasible => break,
-                Outcome::Fits => {
+                Outcome::Fits(r) => {
+                    if fits.is_none_or(|f| b > f) {
+                        room = r;
+                    }
                     fits = Some(b);
                     self.placed_fit = self.placed_fit.max(Some(b));
                     if b == budget {
@@ -513,19 +536,30 @@ impl Planner<'_> {
             }
             b = next;
         }
+        // Its prefetched swap-ins did not fit beside it: simulate once more
+        // with that much room left (unperturbed entries only), to the end:
+        // it times its swap-ins at their reads, so it may cost more than the
+        // best plan until they are re-timed.
+        if let (Some(f), Some(r), 0) = (fits, room, entry.seed()) {
+            self.try_placement(name, entry, Placement::Logical(f - r), true)?;
+        }
         Ok(done)
     }
 
+    /// Simulate `entry` placed `how`, cut off once it cannot cost less than
+    /// the best plan so far (unless `uncut`) or the bound, and keep it if it
+    /// is the cheapest that fits.
     fn try_placement(
         &mut self,
         name: &'static str,
         entry: Entry,
         how: Placement,
+        uncut: bool,
     ) -> Result<Outcome> {
-        let limit = self
-            .best
-            .as_ref()
-            .map_or(self.measured_ns, |p| p.total_ns.min(self.measured_ns));
+        let limit = match uncut {
+            false => self.best_simulated.min(self.measured_ns),
+            true => self.measured_ns,
+        };
         self.simulations += 1;
         let (sim, work) = simulate(
             self.rec,
@@ -542,7 +576,7 @@ impl Planner<'_> {
             return Ok(Outcome::Infeasible);
         };
         let (offsets, arena, simulated_budget, mode) = match how {
-            Placement::Arena => {
+            Placement::Arena(b) => {
                 let arena = sim
                     .requests
                     .iter()
@@ -551,7 +585,7 @@ impl Planner<'_> {
                     .map(|(r, o)| o + r.size)
                     .max()
                     .unwrap_or(0);
-                (sim.offsets, arena, self.budget, "arena")
+                (sim.offsets, arena, b, "arena")
             }
             Placement::Logical(b) if self.config.budget_mode == BudgetMode::Physical => {
                 let (offsets, arena) = placement(&sim.requests, self.budget);
@@ -563,17 +597,69 @@ impl Planner<'_> {
                 (vec![0; sim.requests.len()], sim.peak, b, "logical")
             }
         };
+        let sizes: Vec<u64> = sim.requests.iter().map(|r| r.size).collect();
+        let (mut offsets, mut arena, mut mode) = (offsets, arena, mode);
+        // Placed, the plan's swap-ins are prefetched: rank it by that, and
+        // place it again with each swap-in's destination kept free from when
+        // its copy must start, where that fits the budget and hides more.
+        let mut saved = 0.0;
+        let mut room = None;
+        if let (Some(gbps), BudgetMode::Physical) =
+            (self.config.swap.bandwidth_gbps, self.config.budget_mode)
+        {
+            let npb = 1.0 / gbps;
+            let t = &sim.times;
+            // Prefetching saves at most the swap-ins' stalls: a schedule that
+            // cannot beat the best plan even so is not re-timed or placed
+            // again (each placement is O(n log n) to O(n²) in its requests).
+            let most: f64 = t.swap_ins.iter().map(|w| w.stall_ns).sum();
+            let can_win = self
+                .best
+                .as_ref()
+                .is_none_or(|p| sim.total_ns - most < p.total_ns);
+            if can_win && most > 0.0 {
+                saved = prefetch::stalls_saved(t, &sim.keys, &offsets, &sizes, npb);
+            }
+            if can_win && most > 0.0 && arena <= self.budget {
+                for reach in [1.0, 0.5] {
+                    let Some(ext) = prefetch::reach_back(&sim.requests, &sim.keys, t, npb, reach)
+                    else {
+                        break;
+                    };
+                    let (o, a) = placement_compacting(&ext, self.budget, false);
+                    if a > self.budget {
+                        // What the reach added beside the schedule.
+                        let extra = a.saturating_sub(arena).next_multiple_of(ARENA_ALIGN);
+                        if room.is_none() && extra > 0 && extra < self.budget / 2 {
+                            room = Some(extra);
+                        }
+                        continue;
+                    }
+                    let s = prefetch::stalls_saved(t, &sim.keys, &o, &sizes, npb);
+                    if s > saved {
+                        (offsets, arena, mode, saved) = (o, a, "prefetch", s);
+                    }
+                    room = None;
+                    break;
+                }
+            }
+        }
+        let total_ns = sim.total_ns
+            - saved
+                .min(sim.total_ns - self.rec.compute_ns() as f64)
+                .max(0.0);
         let seed = entry.seed();
-        tracing::debug!(target: "remat_dtr::plan", entry = name, seed, mode, simulated_budget, total_ns = sim.total_ns, arena, "simulated");
+        tracing::debug!(target: "remat_dtr::plan", entry = name, seed, mode, simulated_budget, total_ns, arena, "simulated");
         if arena > self.budget {
             return Ok(Outcome::Over(arena));
         }
-        if self.best.as_ref().is_none_or(|p| sim.total_ns < p.total_ns) {
+        if self.best.as_ref().is_none_or(|p| total_ns < p.total_ns) {
+            self.best_simulated = sim.total_ns;
             self.best = Some(IterationPlan {
                 recording: self.rec.clone(),
                 steps: sim.steps,
                 offsets,
-                sizes: sim.requests.iter().map(|r| r.size).collect(),
+                sizes,
                 arena_bytes: arena,
                 simulated_budget,
                 policy: match entry {
@@ -581,14 +667,15 @@ impl Planner<'_> {
                     _ if seed != 0 => format!("{name}~{seed}/{mode}"),
                     _ => format!("{name}/{mode}"),
                 },
-                total_ns: sim.total_ns,
+                total_ns,
+                bound_ns: sim.total_ns,
                 compute_ns: self.rec.compute_ns() as f64,
                 plan_ms: 0.0,
                 simulations: 0,
                 restart_rounds: 0,
             });
         }
-        Ok(Outcome::Fits)
+        Ok(Outcome::Fits(room))
     }
 }
 
@@ -627,6 +714,12 @@ fn future_of(rec: &Recording) -> Future {
 /// for long stretches, where constructive placements leave holes that
 /// compaction closes (docs/dtr-results.md, "Compaction").
 fn placement(requests: &[PlanRequest], budget: u64) -> (Vec<u64>, u64) {
+    placement_compacting(requests, budget, true)
+}
+
+/// [`placement`], compacting only with `compact` (an O(n²) search: the
+/// prefetch placements, tried once per schedule that may win, go without).
+fn placement_compacting(requests: &[PlanRequest], budget: u64, compact: bool) -> (Vec<u64>, u64) {
     let algos: &[Algorithm] = if requests.len() <= GREEDY_MAX_REQUESTS {
         &[Algorithm::SeedSim, Algorithm::GreedyBySize]
     } else {
@@ -643,7 +736,7 @@ fn placement(requests: &[PlanRequest], budget: u64) -> (Vec<u64>, u64) {
     let Some(mut best) = best else {
         return (Vec::new(), u64::MAX);
     };
-    if best.arena_bytes > budget {
+    if compact && best.arena_bytes > budget {
         if let Ok(c) = compact_within(requests, &best, budget) {
             best = c;
         }
@@ -661,6 +754,10 @@ struct Simulation {
     offsets: Vec<u64>,
     steps: Vec<PlanStep>,
     requests: Vec<PlanRequest>,
+    /// The slot key of each request, and the frees and swap-ins timed (to
+    /// re-time the swap-ins once placed: [`prefetch`]).
+    keys: Vec<u64>,
+    times: prefetch::SimTimes,
 }
 
 /// Allocations of a simulation, with lifetimes in allocation/free steps.
@@ -670,6 +767,8 @@ struct AllocLog {
     open: AHashMap<u64, usize>,
     requests: Vec<PlanRequest>,
     offsets: Vec<u64>,
+    /// The slot key of each allocation (what the runtime's timing names).
+    keys: Vec<u64>,
 }
 
 /// A memory model that logs every allocation's lifetime and offset.
@@ -696,6 +795,7 @@ impl MemoryModel for LoggedMemory {
         log.requests
             .push(PlanRequest::new(arena_size(bytes), step, usize::MAX));
         log.offsets.push(slot.ptr);
+        log.keys.push(slot.key);
         log.open.insert(slot.key, i);
         log.step += 1;
         Ok(slot)
@@ -769,7 +869,7 @@ fn simulate(
     swap_outs: bool,
 ) -> Result<(Option<Simulation>, u64)> {
     let (budget, mode) = match how {
-        Placement::Arena => (capacity, BudgetMode::Physical),
+        Placement::Arena(b) => (b.min(capacity), BudgetMode::Physical),
         Placement::Logical(b) | Placement::Compacting(b) => (b, BudgetMode::Logical),
     };
     let (kind, sampling) = match entry {
@@ -797,7 +897,7 @@ fn simulate(
     };
     let log = Arc::new(Mutex::new(AllocLog::default()));
     let inner: Box<dyn MemoryModel> = match how {
-        Placement::Arena => Box::new(ArenaMemory::new(budget, 0)),
+        Placement::Arena(_) => Box::new(ArenaMemory::new(budget, 0)),
         Placement::Logical(b) => Box::new(LogicalBudget::new(Some(b))),
         Placement::Compacting(b) => Box::new(LogicalBudget::aligned(Some(b), ARENA_ALIGN)),
     };
@@ -829,6 +929,7 @@ fn simulate(
     let total_ns = rt.stats().wall_ns();
     let peak = rt.memory_usage().peak_allocated;
     let steps = rt.take_plan_log();
+    let times = rt.take_sim_times();
     drop(rt);
     let mut log = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
     let end = log.step + 1;
@@ -842,6 +943,8 @@ fn simulate(
         steps,
         requests: log.requests,
         offsets: log.offsets,
+        keys: log.keys,
+        times,
         peak,
     };
     Ok((Some(sim), work))
@@ -985,5 +1088,6 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limit_ns: f64, events: &mut u64) -
     Ok(())
 }
 
+pub(crate) mod prefetch;
 #[cfg(test)]
 mod tests;

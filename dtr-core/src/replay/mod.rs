@@ -673,13 +673,14 @@ fn drive(
         // An iteration of several that starts without a plan runs online, as
         // the first does, and is judged like it; one that starts on a plan is
         // held to the thrash limit (it knows its future), or to what its plan
-        // costs where that is more: a plan that swaps may cost more than 2×
-        // and still beat the online step it replaced (it was adopted only
-        // below that step's measured cost).
+        // costs at most where that is more: a plan that swaps may cost more
+        // than 2× and still beat the online step it replaced (it was adopted
+        // only below that step's measured cost), and its prefetches are
+        // estimated, bounded by its copies at their reads.
         let factor = if training && !d.rt.following_plan() {
             FIRST_ITERATION_LIMIT.max(opts.thrash_limit)
         } else {
-            let promised = (d.rt.current_plan()).map_or(0.0, |p| p.overhead() * (1.0 + 1e-9));
+            let promised = (d.rt.current_plan()).map_or(0.0, |p| p.bound_overhead() * (1.0 + 1e-9));
             opts.thrash_limit.max(promised)
         };
         let at_start = d.rt.stats().clone();

@@ -98,6 +98,7 @@ impl<V> Runtime<V> {
                 continue;
             }
             self.graph.withdraw(s);
+            let dead_at = self.dead_since(s);
             let r = self
                 .graph
                 .storages
@@ -110,7 +111,7 @@ impl<V> Runtime<V> {
                 if self.memory.has_addresses() {
                     self.unmap_ptr(&slot);
                 }
-                self.memory.free(slot).map_err(Error::Memory)?;
+                self.release_slot(slot, dead_at)?;
             }
             if let Some(op) = r.producer {
                 self.drop_output(op, r.output_index, &mut work)?;

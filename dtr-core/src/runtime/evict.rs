@@ -19,6 +19,7 @@ impl<V> Runtime<V> {
         // An evicted storage keeps no host copy.
         self.drop_clean_copy(s);
         self.graph.withdraw(s);
+        let dead_at = self.dead_since(s);
         let r = self.graph.st_mut(s);
         let slot = r.slot.take();
         r.residency = Residency::Evicted;
@@ -34,7 +35,7 @@ impl<V> Runtime<V> {
             if self.memory.has_addresses() {
                 self.unmap_ptr(&slot);
             }
-            self.memory.free(slot).map_err(Error::Memory)?;
+            self.release_slot(slot, dead_at)?;
         }
         self.graph.dsu_on_evict(s);
         tracing::trace!(target: "remat_dtr::evict", storage = s.0, bytes, "evict");
@@ -163,6 +164,7 @@ impl<V> Runtime<V> {
             match self.memory.allocate(bytes) {
                 Ok(slot) => {
                     self.iter.allocs += 1;
+                    self.log_alloc(&slot);
                     return Ok(slot);
                 }
                 Err(AllocFailure::Other(m)) => return Err(Error::Memory(m)),

@@ -29,12 +29,49 @@ pub(super) struct HostTier<V> {
     /// Host copies by storage index: every swapped storage's, and the clean
     /// copies of resident ones (with `keep_clean`).
     pub copies: Vec<Option<HostValue>>,
+    /// When each storage's host copy was complete (the wall clock, ns; 0
+    /// for copies made before the clock, and where none was made): a
+    /// prefetch cannot start before it.
+    pub copied_at: Vec<f64>,
+    /// The stalls of this iteration as `(compute clock, stalls so far)`, in
+    /// order, after `base_stall_ns` at its start: what turns a compute
+    /// clock reading (a storage's last read) into the wall clock
+    /// ([`Runtime::dead_since`]).
+    pub stall_marks: Vec<(f64, f64)>,
+    /// The stalls before this iteration (ns).
+    pub base_stall_ns: f64,
     /// Storages the tier refused ([`crate::graph::StorageRec::swap_refused`]),
     /// offered again when it gives bytes back.
     pub refused: Vec<StorageId>,
     /// Keep the host copy of a storage swapped back in (the adapter's values
     /// are immutable behind the runtime's back).
     pub keep_clean: bool,
+}
+
+impl<V> HostTier<V> {
+    /// Note the stalls so far after one at compute clock `clock`.
+    fn mark_stall(&mut self, clock: f64, total: f64) {
+        if self.stall_marks.last().is_none_or(|&(_, t)| t < total) {
+            self.stall_marks.push((clock, total));
+        }
+    }
+
+    /// A new iteration: forget the last one's stalls, from `total` on.
+    pub(super) fn restart_stall_marks(&mut self, total: f64) {
+        self.stall_marks.clear();
+        self.base_stall_ns = total;
+    }
+
+    /// The stalls before compute clock `clock` (ns): those of marks at an
+    /// earlier clock (a stall at `clock` itself came after the op that
+    /// ended there). Before this iteration: its start's, at most.
+    pub(super) fn stalls_before(&self, clock: f64) -> f64 {
+        let n = self.stall_marks.partition_point(|&(c, _)| c < clock);
+        match n {
+            0 => self.base_stall_ns,
+            _ => self.stall_marks[n - 1].1,
+        }
+    }
 }
 
 impl Runtime<()> {
@@ -95,6 +132,9 @@ impl<V> Runtime<V> {
             engines: CopyEngines::new(gbps),
             limit,
             copies: Vec::new(),
+            copied_at: Vec::new(),
+            stall_marks: Vec::new(),
+            base_stall_ns: 0.0,
             refused: Vec::new(),
         });
         self.graph.set_swap_price(Some(1.0 / gbps));
@@ -176,6 +216,9 @@ impl<V> Runtime<V> {
             }
         }
         let wall = self.wall_ns();
+        // Its range holds nothing needed since its last read, or, when it is
+        // copied, since the copy completed.
+        let mut dead_at = self.dead_since(s);
         let Some(tier) = self.host.as_mut() else {
             return Ok(false);
         };
@@ -201,12 +244,17 @@ impl<V> Runtime<V> {
             // it will swap it: the copy could start then. Online, only now.
             let planned = self.iter.follower.following || self.iter.follower.plan_log.is_some();
             let stall = if planned {
-                let last_use = self.graph.st(s).last_used + self.stats.stall_ns;
-                tier.engines.swap_out_ahead(last_use, wall, bytes)
+                tier.engines.swap_out_ahead(dead_at, wall, bytes)
             } else {
                 tier.engines.swap_out_now(wall, bytes)
             };
+            if tier.copied_at.len() <= i {
+                tier.copied_at.resize(i + 1, 0.0);
+            }
+            tier.copied_at[i] = tier.engines.d2h_done();
+            dead_at = dead_at.max(tier.copied_at[i]);
             self.stats.stall_ns += stall;
+            tier.mark_stall(self.graph.clock, self.stats.stall_ns);
             self.stats.swapped_out_bytes += bytes;
             self.stats.host_bytes += bytes;
             self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
@@ -223,7 +271,7 @@ impl<V> Runtime<V> {
             if self.memory.has_addresses() {
                 self.unmap_ptr(&slot);
             }
-            self.memory.free(slot).map_err(Error::Memory)?;
+            self.release_slot(slot, dead_at)?;
         }
         tracing::trace!(target: "remat_dtr::swap", storage = s.0, bytes, clean, "swap out");
         Ok(true)
@@ -277,6 +325,7 @@ impl<V> Runtime<V> {
             .ok_or_else(|| Error::Internal("no slot".into()))?;
         let wall = self.wall_ns();
         let i = s.0 as usize;
+        let prefetch = self.prefetch_issue(&slot);
         let tier = self
             .host
             .as_mut()
@@ -308,11 +357,22 @@ impl<V> Runtime<V> {
             self.stats.host_bytes -= bytes;
             std::mem::take(&mut tier.refused)
         };
-        let stall = tier.engines.swap_in_now(wall, bytes);
+        // Following a plan, the copy started once its destination was free
+        // and its host copy complete (a prefetch); online, at the read.
+        let ready = tier.copied_at.get(i).copied().unwrap_or(0.0);
+        let stall = match prefetch {
+            Some(issue) => {
+                self.stats.prefetches += 1;
+                tier.engines.swap_in_ahead(issue.max(ready), wall, bytes)
+            }
+            None => tier.engines.swap_in_now(wall, bytes),
+        };
         self.stats.stall_ns += stall;
+        tier.mark_stall(self.graph.clock, self.stats.stall_ns);
         self.stats.swap_ins += 1;
         self.stats.swapped_in_bytes += bytes;
         self.values[i] = Some(value);
+        self.log_swap_in(&slot, wall, stall, ready, bytes);
         let ptr = slot.ptr;
         let has_block = slot.size > 0;
         let now = self.graph.clock;

@@ -394,6 +394,9 @@ impl<V> Runtime<V> {
             self.policy = policy;
         }
         self.iter.start_stats = self.stats.clone();
+        if let Some(tier) = self.host.as_mut() {
+            tier.restart_stall_marks(self.stats.stall_ns);
+        }
         self.stats.iterations += 1;
         if self.iter.enabled || self.iter.recorder.record_always {
             self.iter.recorder.recording = Some(Recording {

@@ -17,6 +17,7 @@ use crate::ids::{StorageId, TensorId};
 use crate::memory::arena::{arena_size, ArenaLayout, ArenaMemory};
 use crate::memory::{MemoryModel, Slot};
 use crate::plan::{Cursor, IterationPlan, PlanStep, StepKind};
+use crate::planner::prefetch::{SimTimes, SwapInTime};
 
 /// The follower's state (and the simulations' step log).
 #[derive(Default)]
@@ -43,6 +44,15 @@ pub(crate) struct Follower {
     /// Simulations log their policy evictions and failed allocations here to
     /// become a plan.
     pub plan_log: Option<Vec<PlanStep>>,
+    /// Since when nothing needed each planned allocation of the arena's
+    /// layout, for those freed this iteration (the wall clock, ns; NaN: not
+    /// freed yet): a swap-in placed over them may start its copy then
+    /// ([`Runtime::release_slot`], [`Runtime::prefetch_issue`]).
+    pub freed_at: Vec<f64>,
+    /// Simulations that log a plan also log when they freed each slot and
+    /// when they read each swap-in, so the planner can re-time the swap-ins
+    /// as the follower will prefetch them ([`crate::planner::prefetch`]).
+    pub sim_times: Option<SimTimes>,
 }
 
 impl<V> Runtime<V> {
@@ -174,6 +184,104 @@ impl<V> Runtime<V> {
         }
     }
 
+    /// Free `slot`, whose contents nothing has needed since `dead_at` (wall
+    /// clock, ns: the storage's last read, or the completion of its copy to
+    /// the host tier; at most now). While the iteration follows its plan,
+    /// note that time for its planned allocation: the plan knows nothing
+    /// reads the range again, so a planned swap-in placed over it may start
+    /// its copy then ([`Runtime::prefetch_issue`]). Simulations that make a
+    /// plan log it for the planner's re-timing.
+    pub(in crate::runtime) fn release_slot(&mut self, slot: Slot, dead_at: f64) -> Result<()> {
+        if self.iter.follower.following || self.iter.follower.sim_times.is_some() {
+            let dead_at = dead_at.min(self.wall_ns());
+            if self.iter.follower.following {
+                if let Some(t) = self.iter.follower.freed_at.get_mut(slot.key as usize) {
+                    *t = dead_at;
+                }
+            } else if let Some(times) = &mut self.iter.follower.sim_times {
+                times.frees.push((slot.key, dead_at));
+            }
+        }
+        self.memory.free(slot).map_err(Error::Memory)
+    }
+
+    /// Since when storage `s` has not been read (wall clock, ns): its last
+    /// read on the compute clock plus the stalls before it (for a read
+    /// before this iteration, at most its start's stalls, later than it
+    /// was).
+    pub(in crate::runtime) fn dead_since(&self, s: StorageId) -> f64 {
+        let last = self.graph.st(s).last_used;
+        let stalls = self
+            .host
+            .as_ref()
+            .map_or(self.stats.stall_ns, |t| t.stalls_before(last));
+        last + stalls
+    }
+
+    /// When a swap-in into `slot`, placed by the plan being followed, could
+    /// have started its copy (wall clock, ns): once nothing needed the
+    /// contents of any allocation of the plan that last covered its range
+    /// (see [`Runtime::release_slot`]), and not before the iteration began.
+    /// The plan knows the storage's next read, so a prefetcher issues the
+    /// copy as soon as its destination is free: the arena is the plan's, so
+    /// the range holds nothing else until then. `None` off the plan, off its
+    /// arena layout, or where a predecessor's free was not seen (the copy
+    /// then starts at the read, as online).
+    pub(in crate::runtime) fn prefetch_issue(&self, slot: &Slot) -> Option<f64> {
+        let f = &self.iter.follower;
+        if !f.following {
+            return None;
+        }
+        let (plan, layout) = f.layout.as_ref()?;
+        if !f.plan.as_ref().is_some_and(|p| Arc::ptr_eq(p, plan)) {
+            return None;
+        }
+        let k = slot.key as usize;
+        if !layout.is_at(k, slot.ptr, slot.size) {
+            return None;
+        }
+        let mut issue = self.iter.start_stats.wall_ns();
+        for &p in layout.preds(k) {
+            let freed = *f.freed_at.get(p as usize)?;
+            if freed.is_nan() {
+                return None;
+            }
+            issue = issue.max(freed);
+        }
+        Some(issue)
+    }
+
+    /// Log an allocation's wall clock (simulations that become plans).
+    pub(in crate::runtime) fn log_alloc(&mut self, slot: &Slot) {
+        if self.iter.follower.sim_times.is_some() {
+            let wall = self.wall_ns();
+            if let Some(times) = &mut self.iter.follower.sim_times {
+                times.allocs.push((slot.key, wall));
+            }
+        }
+    }
+
+    /// Log a swap-in into `slot` read at `read_ns` that stalled `stall_ns`
+    /// (simulations that become plans).
+    pub(in crate::runtime) fn log_swap_in(
+        &mut self,
+        slot: &Slot,
+        read_ns: f64,
+        stall_ns: f64,
+        ready_ns: f64,
+        bytes: u64,
+    ) {
+        if let Some(times) = &mut self.iter.follower.sim_times {
+            times.swap_ins.push(SwapInTime {
+                key: slot.key,
+                read_ns,
+                stall_ns,
+                ready_ns,
+                bytes,
+            });
+        }
+    }
+
     /// Take a plan's swap-out: `false` when the storage it names is not
     /// there to swap (resident, and a candidate or parked) or the host tier
     /// refused it.
@@ -224,6 +332,8 @@ impl<V> Runtime<V> {
                 l
             }
         };
+        self.iter.follower.freed_at.clear();
+        self.iter.follower.freed_at.resize(layout.len(), f64::NAN);
         let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
         let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
         let arena = ArenaMemory::with_layout(capacity, plan.arena_bytes, layout);
@@ -268,6 +378,7 @@ impl<V> Runtime<V> {
         self.iter.allocs = 0;
         self.iter.pos = 0;
         self.iter.follower.plan_log = log_steps.then(Vec::new);
+        self.iter.follower.sim_times = log_steps.then(SimTimes::default);
     }
 
     /// Name the storages of `ts`, in order, as the boundary a simulation
@@ -279,6 +390,11 @@ impl<V> Runtime<V> {
         }
         self.iter.set_prefix(&storages);
         Ok(())
+    }
+
+    /// The simulation's frees and swap-ins, timed (see [`Runtime::restart_numbering`]).
+    pub(crate) fn take_sim_times(&mut self) -> SimTimes {
+        self.iter.follower.sim_times.take().unwrap_or_default()
     }
 
     /// The simulation's evictions and failures (see [`Runtime::restart_numbering`]).
