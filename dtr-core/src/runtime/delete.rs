@@ -98,7 +98,11 @@ impl<V> Runtime<V> {
                 continue;
             }
             self.graph.withdraw(s);
-            let dead_at = self.dead_since(s);
+            let dead_at = if self.times_frees() {
+                self.dead_since(s)
+            } else {
+                0.0
+            };
             let r = self
                 .graph
                 .storages

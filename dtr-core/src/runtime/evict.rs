@@ -19,7 +19,11 @@ impl<V> Runtime<V> {
         // An evicted storage keeps no host copy.
         self.drop_clean_copy(s);
         self.graph.withdraw(s);
-        let dead_at = self.dead_since(s);
+        let dead_at = if self.times_frees() {
+            self.dead_since(s)
+        } else {
+            0.0
+        };
         let r = self.graph.st_mut(s);
         let slot = r.slot.take();
         r.residency = Residency::Evicted;

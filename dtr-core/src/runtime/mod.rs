@@ -330,29 +330,45 @@ impl<V> Runtime<V> {
     /// index (what remat's published figures were measured with). Planned and in
     /// the planner's simulations: creation order (iteration, then sequence
     /// number), which, unlike reused slab indices, is the same in every
-    /// iteration, so a plan's regenerations replay exactly. A storage of the
-    /// boundary the iteration started from goes by its position there, first:
-    /// the simulation made those storages in that order, while the real ones
-    /// were made over earlier iterations in another (swapped parameters read
-    /// by one op were swapped back in in different orders, and the plan
-    /// diverged).
+    /// iteration, so a plan's regenerations replay exactly. With the host
+    /// tier, a storage of the boundary the iteration started from goes by its
+    /// position there, first: the simulation made those storages in that
+    /// order, while the real ones were made over earlier iterations in
+    /// another (swapped parameters read by one op were swapped back in in
+    /// different orders, and the plan diverged).
+    #[inline]
     fn creation_key(&self, s: StorageId) -> (u32, u32, u32) {
         if self.iter.follower.stable_order {
             let r = self.graph.st(s);
-            if r.epoch < self.iter.epoch {
-                if let Some(&pos) = self.iter.prefix_pos.get(&s.0) {
-                    return (0, pos, 0);
-                }
+            // Only swapped storages need a place when read, so only with the
+            // host tier does the boundary's order matter (and cost a lookup).
+            match self.host.is_some() {
+                false => (r.epoch, r.seq, s.0),
+                true if r.epoch < self.iter.epoch => self.boundary_key(s, r.epoch, r.seq),
+                true => (r.epoch.max(1), r.seq, s.0),
             }
-            (r.epoch.max(1), r.seq, s.0)
         } else {
             (0, 0, s.0)
         }
     }
 
+    /// [`Runtime::creation_key`] of a storage made before this iteration,
+    /// with the host tier: its position in the boundary, before all others.
+    #[inline(never)]
+    fn boundary_key(&self, s: StorageId, epoch: u32, seq: u32) -> (u32, u32, u32) {
+        match self.iter.prefix_pos.get(&s.0) {
+            Some(&pos) => (0, pos, 0),
+            None => (epoch.max(1), seq, s.0),
+        }
+    }
+
     /// Sort storages into regeneration order and drop repeats.
     fn creation_order(&self, v: &mut Vec<StorageId>) {
-        v.sort_unstable_by_key(|&s| self.creation_key(s));
+        if self.iter.follower.stable_order {
+            v.sort_unstable_by_key(|&s| self.creation_key(s));
+        } else {
+            v.sort_unstable_by_key(|s| s.0);
+        }
         v.dedup();
     }
 

@@ -215,31 +215,32 @@ impl<V> Runtime<V> {
             .map(|(i, _)| (key(StorageId(i)), StorageId(i)))
             .collect();
         order.sort_unstable_by_key(|&(k, _)| k);
-        let order: Vec<StorageId> = order.into_iter().map(|(_, s)| s).collect();
-        let position: AHashMap<u32, u32> = order
-            .iter()
-            .enumerate()
-            .map(|(k, s)| (s.0, k as u32))
-            .collect();
-        // Tensors are numbered by their storage's key without its residency
+        // Tensors are numbered by their storage's key without its tier
         // (swapped or resident: the storages of a swapping plan move between
         // the two, and a plan names tensors by number), those on evicted
-        // storages last. Each storage's key is computed once.
-        let mut keys: AHashMap<u32, _> = AHashMap::new();
+        // storages last (their key's first field). A held storage's key is
+        // the one just computed; an evicted one's is computed once.
+        let position: AHashMap<u32, (u32, _)> = (order.iter().enumerate())
+            .map(|(k, &((_, born, epoch, seq, idx), s))| {
+                (s.0, (k as u32, (false, born, epoch, seq, idx)))
+            })
+            .collect();
+        let order: Vec<StorageId> = order.into_iter().map(|(_, s)| s).collect();
+        let mut evicted: AHashMap<u32, _> = AHashMap::new();
         let mut live: Vec<(_, u32, &TensorRec)> = (self.tensors.iter())
             .map(|(i, t)| {
                 let s = t.storage;
-                let k = *keys.entry(s.0).or_insert_with(|| {
-                    let (_, born, epoch, seq, idx) = key(s);
-                    (!position.contains_key(&s.0), born, epoch, seq, idx)
-                });
+                let k = match position.get(&s.0) {
+                    Some(&(_, k)) => k,
+                    None => *evicted.entry(s.0).or_insert_with(|| key(s)),
+                };
                 ((k, t.born), i, t)
             })
             .collect();
         live.sort_unstable_by_key(|&(k, _, _)| k);
         let tensors = live
             .iter()
-            .map(|(_, _, t)| (position.get(&t.storage.0).copied(), t.refs))
+            .map(|(_, _, t)| (position.get(&t.storage.0).map(|&(p, _)| p), t.refs))
             .collect();
         let ids = live
             .iter()

@@ -192,7 +192,7 @@ impl<V> Runtime<V> {
     /// its copy then ([`Runtime::prefetch_issue`]). Simulations that make a
     /// plan log it for the planner's re-timing.
     pub(in crate::runtime) fn release_slot(&mut self, slot: Slot, dead_at: f64) -> Result<()> {
-        if self.iter.follower.following || self.iter.follower.sim_times.is_some() {
+        if self.times_frees() {
             let dead_at = dead_at.min(self.wall_ns());
             if self.iter.follower.following {
                 if let Some(t) = self.iter.follower.freed_at.get_mut(slot.key as usize) {
@@ -203,6 +203,14 @@ impl<V> Runtime<V> {
             }
         }
         self.memory.free(slot).map_err(Error::Memory)
+    }
+
+    /// Whether frees are timed: with the host tier, while following a plan
+    /// (for its prefetches) or in a simulation that makes one (for the
+    /// planner's re-timing). Without it nothing reads the times.
+    pub(in crate::runtime) fn times_frees(&self) -> bool {
+        self.host.is_some()
+            && (self.iter.follower.following || self.iter.follower.sim_times.is_some())
     }
 
     /// Since when storage `s` has not been read (wall clock, ns): its last
@@ -333,7 +341,9 @@ impl<V> Runtime<V> {
             }
         };
         self.iter.follower.freed_at.clear();
-        self.iter.follower.freed_at.resize(layout.len(), f64::NAN);
+        if self.host.is_some() {
+            self.iter.follower.freed_at.resize(layout.len(), f64::NAN);
+        }
         let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
         let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
         let arena = ArenaMemory::with_layout(capacity, plan.arena_bytes, layout);
@@ -378,7 +388,7 @@ impl<V> Runtime<V> {
         self.iter.allocs = 0;
         self.iter.pos = 0;
         self.iter.follower.plan_log = log_steps.then(Vec::new);
-        self.iter.follower.sim_times = log_steps.then(SimTimes::default);
+        self.iter.follower.sim_times = (log_steps && self.host.is_some()).then(SimTimes::default);
     }
 
     /// Name the storages of `ts`, in order, as the boundary a simulation
