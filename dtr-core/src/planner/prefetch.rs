@@ -7,11 +7,12 @@
 //! swap-ins under the plan's placement, as the follower will run them, so
 //! the portfolio ranks a swapping plan by what it will cost.
 //!
-//! The re-timing is exact for the host-to-device engine (one stream, copies
-//! in the order they are read, as the follower takes them) and shifts every
-//! later event by the stalls saved before it; the device-to-host side is
-//! kept as simulated. It is an estimate for ranking and for the plan's
-//! bound: the iteration that follows the plan measures its own stalls.
+//! The re-timing models the host-to-device engine as the follower runs it
+//! (one stream, copies in the order they are read) and moves every later
+//! event earlier by the stalls saved before it; the device-to-host side is
+//! kept as simulated. It is an estimate, for ranking: the iteration that
+//! follows the plan measures its own stalls, and is held to the simulated
+//! cost (`IterationPlan::bound_ns`), which prefetching never exceeds.
 
 use ahash::AHashMap;
 
