@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use common::{bits, rand};
+use common::{bits, bytes_of, rand, synthetic_mnist, tmp_path};
 use remat_candle::{RTensor, Remat, RematConfig};
 
 /// candle-examples' `mnist-training/main.rs` (0.11): the models (at 16×16
@@ -340,15 +340,13 @@ const TEST: usize = 32;
 const EPOCHS: usize = 4; // upstream's `1..epochs`: 3 training passes
 
 fn dataset() -> data::Dataset<Tensor> {
-    let labels = |n: usize, s: usize| {
-        let y: Vec<u8> = (0..n).map(|i| ((i * 7 + s) % 10) as u8).collect();
-        Tensor::new(y, &Device::Cpu).unwrap()
-    };
+    let [train_images, train_labels, test_images, test_labels] =
+        synthetic_mnist(TRAIN, TEST, plain::IMAGE_DIM, 500);
     data::Dataset {
-        train_images: rand(500, &[TRAIN, plain::IMAGE_DIM], 0.0, 1.0),
-        train_labels: labels(TRAIN, 1),
-        test_images: rand(501, &[TEST, plain::IMAGE_DIM], 0.0, 1.0),
-        test_labels: labels(TEST, 2),
+        train_images,
+        train_labels,
+        test_images,
+        test_labels,
         labels: 10,
     }
 }
@@ -366,19 +364,16 @@ fn into_context(remat: &Remat, d: &data::Dataset<Tensor>) -> data::Dataset<RTens
 }
 
 fn data_bytes(d: &data::Dataset<Tensor>) -> u64 {
-    [
+    bytes_of(&[
         &d.train_images,
         &d.train_labels,
         &d.test_images,
         &d.test_labels,
-    ]
-    .iter()
-    .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
-    .sum()
+    ])
 }
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("remat-imports-only-{}-{name}", std::process::id()))
+    tmp_path("imports-only", name)
 }
 
 /// Seeded start weights for `M`, saved where upstream's `--load` reads them;

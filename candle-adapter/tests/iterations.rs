@@ -7,7 +7,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
-use common::{bits, logical_remat, rand};
+use common::{bits, logical_remat, rand, seed_vars};
 use remat_candle::nn::{self, loss, Module};
 use remat_candle::{BudgetMode, CandleErrorExt, CostModel, IterationReport, Remat, RematConfig};
 
@@ -85,18 +85,7 @@ fn try_train_with(
     let l1 = nn::linear(32, 64, vb.pp("l1"))?;
     let l2 = nn::linear(64, 64, vb.pp("l2"))?;
     let l3 = nn::linear(64, 10, vb.pp("l3"))?;
-    // Seeded values by name (candle-nn's init draws from a thread RNG).
-    let mut vars: Vec<(String, Var)> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    for (k, (_, v)) in vars.iter().enumerate() {
-        v.set(&rand(k as u64 + 1, v.dims(), -0.3, 0.3))?;
-    }
+    let vars = seed_vars(&varmap);
     let mut opt = AdamW::new(varmap.all_vars(), ParamsAdamW::default())?;
     let mut losses = Vec::new();
     let mut reports = Vec::new();

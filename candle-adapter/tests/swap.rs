@@ -13,7 +13,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Module as _, VarMap};
-use common::{bits, rand};
+use common::{bits, rand, seed_vars};
 use remat_candle::nn::{self, loss, Module, Optimizer};
 use remat_candle::{
     BudgetMode, CandleErrorExt, CostModel, DtrConfig, HostBudget, RTensor, Remat, RematConfig,
@@ -42,22 +42,6 @@ fn layer_name(i: usize) -> String {
     format!("l{i}")
 }
 
-/// Seeded values by name (candle-nn's init draws from a thread RNG).
-fn seed(varmap: &VarMap) -> Vec<(String, Var)> {
-    let mut vars: Vec<(String, Var)> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    for (k, (_, v)) in vars.iter().enumerate() {
-        v.set(&rand(k as u64 + 1, v.dims(), -0.3, 0.3)).unwrap();
-    }
-    vars
-}
-
 fn adamw() -> candle_nn::ParamsAdamW {
     candle_nn::ParamsAdamW {
         lr: 0.01,
@@ -80,7 +64,7 @@ fn plain(steps: usize) -> Run {
         .map(|i| candle_nn::linear(WIDTH, WIDTH, vb.pp(layer_name(i))).unwrap())
         .collect();
     let head = candle_nn::linear(WIDTH, CLASSES, vb.pp("head")).unwrap();
-    let vars = seed(&varmap);
+    let vars = seed_vars(&varmap);
     let mut opt =
         <candle_nn::AdamW as candle_nn::Optimizer>::new(varmap.all_vars(), adamw()).unwrap();
     let mut losses = Vec::new();
@@ -117,7 +101,7 @@ impl Model {
             .map(|i| nn::linear(WIDTH, WIDTH, vb.pp(layer_name(i))))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let head = nn::linear(WIDTH, CLASSES, vb.pp("head"))?;
-        let vars = seed(&varmap);
+        let vars = seed_vars(&varmap);
         let opt = <candle_nn::AdamW as Optimizer>::new(varmap.all_vars(), adamw())?;
         Ok((
             Self {

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use common::{bits, rand};
+use common::{bits, bytes_of, rand, synthetic_mnist, tmp_path};
 use remat_candle::{CandleErrorExt, Remat, RematConfig};
 
 /// Upstream's ConvNet (at upstream's sizes) and `training_loop_cnn`'s step
@@ -171,32 +171,27 @@ fn batches() -> usize {
 }
 
 fn dataset() -> Dataset<Tensor> {
-    let labels = |n: usize, s: usize| {
-        let y: Vec<u8> = (0..n).map(|i| ((i * 7 + s) % 10) as u8).collect();
-        Tensor::new(y, &Device::Cpu).unwrap()
-    };
+    let [train_images, train_labels, test_images, test_labels] =
+        synthetic_mnist(TRAIN, TEST, IMAGE, 600);
     Dataset {
-        train_images: rand(600, &[TRAIN, IMAGE], 0.0, 1.0),
-        train_labels: labels(TRAIN, 1),
-        test_images: rand(601, &[TEST, IMAGE], 0.0, 1.0),
-        test_labels: labels(TEST, 2),
+        train_images,
+        train_labels,
+        test_images,
+        test_labels,
     }
 }
 
 fn data_bytes(d: &Dataset<Tensor>) -> u64 {
-    [
+    bytes_of(&[
         &d.train_images,
         &d.train_labels,
         &d.test_images,
         &d.test_labels,
-    ]
-    .iter()
-    .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
-    .sum()
+    ])
 }
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("remat-swap-mnist-{}-{name}", std::process::id()))
+    tmp_path("swap-mnist", name)
 }
 
 /// Seeded start weights, saved where the loop loads them; their bytes.

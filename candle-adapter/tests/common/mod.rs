@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use candle_core::{DType, Device, Tensor};
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor, Var};
 
 /// Deterministic values in [lo, hi) (SplitMix64).
 pub fn values(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -57,4 +59,49 @@ pub fn logical_remat(budget: Option<u64>) -> remat_candle::Remat {
         None => cfg,
     };
     remat_candle::Remat::new(cfg).unwrap()
+}
+
+/// Set a `VarMap`'s variables to seeded values, in name order (candle-nn's
+/// init draws from a thread RNG); the variables by name.
+pub fn seed_vars(varmap: &candle_nn::VarMap) -> Vec<(String, Var)> {
+    let mut vars: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    for (k, (_, v)) in vars.iter().enumerate() {
+        v.set(&rand(k as u64 + 1, v.dims(), -0.3, 0.3)).unwrap();
+    }
+    vars
+}
+
+/// Synthetic MNIST with the real set's fields and dtypes: `train` and `test`
+/// f32 images of `image` values in [0, 1) (seeds `seed` and `seed + 1`) and
+/// u8 labels, as `[train images, train labels, test images, test labels]`.
+pub fn synthetic_mnist(train: usize, test: usize, image: usize, seed: u64) -> [Tensor; 4] {
+    let labels = |n: usize, s: usize| {
+        let y: Vec<u8> = (0..n).map(|i| ((i * 7 + s) % 10) as u8).collect();
+        Tensor::new(y, &Device::Cpu).unwrap()
+    };
+    [
+        rand(seed, &[train, image], 0.0, 1.0),
+        labels(train, 1),
+        rand(seed + 1, &[test, image], 0.0, 1.0),
+        labels(test, 2),
+    ]
+}
+
+/// Bytes of the tensors' values.
+pub fn bytes_of(ts: &[&Tensor]) -> u64 {
+    ts.iter()
+        .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+        .sum()
+}
+
+/// A file in the temp dir for this test process: `remat-<test>-<pid>-<name>`.
+pub fn tmp_path(test: &str, name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("remat-{test}-{}-{name}", std::process::id()))
 }
