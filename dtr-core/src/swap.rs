@@ -242,11 +242,6 @@ impl CopyEngines {
         (done - now).max(0.0)
     }
 
-    /// When the device-to-host engine completes the copies queued so far.
-    pub fn d2h_done(&self) -> f64 {
-        self.d2h_free_at
-    }
-
     /// The price of swapping `bytes` online: one copy out and one back, each
     /// waited for (ns).
     pub fn round_trip(&self, bytes: u64) -> f64 {

@@ -575,7 +575,7 @@ impl Planner<'_> {
         let Some(sim) = sim else {
             return Ok(Outcome::Infeasible);
         };
-        let (offsets, arena, simulated_budget, mode) = match how {
+        let (mut offsets, mut arena, simulated_budget, mut mode) = match how {
             Placement::Arena(b) => {
                 let arena = sim
                     .requests
@@ -598,7 +598,6 @@ impl Planner<'_> {
             }
         };
         let sizes: Vec<u64> = sim.requests.iter().map(|r| r.size).collect();
-        let (mut offsets, mut arena, mut mode) = (offsets, arena, mode);
         // Placed, the plan's swap-ins are prefetched: rank it by that, and
         // place it again with each swap-in's destination kept free from when
         // its copy must start, where that fits the budget and hides more.
@@ -608,22 +607,21 @@ impl Planner<'_> {
             (self.config.swap.bandwidth_gbps, self.config.budget_mode)
         {
             let npb = 1.0 / gbps;
-            let t = &sim.times;
+            let t = &prefetch::Timed::new(&sim.times, &sim.keys);
             // Prefetching saves at most the swap-ins' stalls: a schedule that
             // cannot beat the best plan even so is not re-timed or placed
             // again (each placement is O(n log n) to O(n²) in its requests).
-            let most: f64 = t.swap_ins.iter().map(|w| w.stall_ns).sum();
+            let most = t.most_saved();
             let can_win = self
                 .best
                 .as_ref()
                 .is_none_or(|p| sim.total_ns - most < p.total_ns);
             if can_win && most > 0.0 {
-                saved = prefetch::stalls_saved(t, &sim.keys, &offsets, &sizes, npb);
+                saved = prefetch::stalls_saved(t, &offsets, &sizes, npb);
             }
             if can_win && most > 0.0 && arena <= self.budget {
                 for reach in [1.0, 0.5] {
-                    let Some(ext) = prefetch::reach_back(&sim.requests, &sim.keys, t, npb, reach)
-                    else {
+                    let Some(ext) = prefetch::reach_back(&sim.requests, t, npb, reach) else {
                         break;
                     };
                     let (o, a) = placement_compacting(&ext, self.budget, false);
@@ -635,7 +633,7 @@ impl Planner<'_> {
                         }
                         continue;
                     }
-                    let s = prefetch::stalls_saved(t, &sim.keys, &o, &sizes, npb);
+                    let s = prefetch::stalls_saved(t, &o, &sizes, npb);
                     if s > saved {
                         (offsets, arena, mode, saved) = (o, a, "prefetch", s);
                     }

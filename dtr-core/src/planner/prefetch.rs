@@ -48,32 +48,66 @@ pub(crate) struct SwapInTime {
     pub bytes: u64,
 }
 
-/// The stalls (ns) that prefetching saves a simulation whose allocations
-/// (slot `keys`, in allocation order) are placed at `offsets` with rounded
-/// `sizes`, copying at `ns_per_byte` per direction: what to take off its
-/// total. 0 when it swapped nothing in. A swap-in whose destination's
-/// predecessors were not all seen freed starts at its read, as simulated.
-pub(crate) fn stalls_saved(
-    times: &SimTimes,
-    keys: &[u64],
-    offsets: &[u64],
-    sizes: &[u64],
-    ns_per_byte: f64,
-) -> f64 {
-    if times.swap_ins.is_empty() {
+/// A simulation's times by request (its allocations, in order): what the
+/// re-timing reads, mapped from slot keys once per simulation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Timed {
+    /// Since when nothing needed each request's contents, once freed (NaN:
+    /// not seen freed).
+    dead_at: Vec<f64>,
+    /// The wall clock at each request's allocation (0 for the boundary's,
+    /// made before the simulated iteration).
+    alloc_ns: Vec<f64>,
+    /// The swap-ins in read order, with the request each was copied into.
+    swap_ins: Vec<(Option<usize>, SwapInTime)>,
+}
+
+impl Timed {
+    /// `times` by the requests whose slot keys are `keys` (in allocation
+    /// order).
+    pub(crate) fn new(times: &SimTimes, keys: &[u64]) -> Self {
+        let index: AHashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+        let mut dead_at = vec![f64::NAN; keys.len()];
+        for &(key, at) in &times.frees {
+            if let Some(&i) = index.get(&key) {
+                dead_at[i] = at;
+            }
+        }
+        let mut alloc_ns = vec![0.0; keys.len()];
+        for &(key, wall) in &times.allocs {
+            if let Some(&i) = index.get(&key) {
+                alloc_ns[i] = wall;
+            }
+        }
+        let swap_ins = (times.swap_ins.iter())
+            .map(|sw| (index.get(&sw.key).copied(), *sw))
+            .collect();
+        Self {
+            dead_at,
+            alloc_ns,
+            swap_ins,
+        }
+    }
+
+    /// The most prefetching could save: every swap-in's simulated stall (ns).
+    pub(crate) fn most_saved(&self) -> f64 {
+        self.swap_ins.iter().map(|(_, sw)| sw.stall_ns).sum()
+    }
+}
+
+/// The stalls (ns) that prefetching saves a simulation (`timed`) whose
+/// allocations are placed at `offsets` with rounded `sizes`, copying at
+/// `ns_per_byte` per direction: what to take off its total. 0 when it
+/// swapped nothing in. A swap-in whose destination's predecessors were not
+/// all seen freed starts at its read, as simulated.
+pub(crate) fn stalls_saved(timed: &Timed, offsets: &[u64], sizes: &[u64], ns_per_byte: f64) -> f64 {
+    if timed.swap_ins.is_empty() {
         return 0.0;
     }
     let layout = ArenaLayout::new(offsets, sizes);
-    let index: AHashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
-    let mut freed = vec![f64::NAN; keys.len()];
-    for &(key, wall) in &times.frees {
-        if let Some(&i) = index.get(&key) {
-            freed[i] = wall;
-        }
-    }
     // `(read_ns, saved so far after it)` of the swap-ins re-timed so far, in
     // read order: an event at simulated time `t` happens `shift(t)` earlier.
-    let mut done: Vec<(f64, f64)> = Vec::with_capacity(times.swap_ins.len());
+    let mut done: Vec<(f64, f64)> = Vec::with_capacity(timed.swap_ins.len());
     let shift = |done: &[(f64, f64)], t: f64| -> f64 {
         let n = done.partition_point(|&(read, _)| read < t);
         if n == 0 {
@@ -84,12 +118,12 @@ pub(crate) fn stalls_saved(
     };
     let mut h2d_free = 0.0f64;
     let mut saved = 0.0;
-    for sw in &times.swap_ins {
+    for &(request, sw) in &timed.swap_ins {
         let now = sw.read_ns - saved;
-        let issue = index.get(&sw.key).and_then(|&k| {
+        let issue = request.and_then(|k| {
             let mut issue = sw.ready_ns - shift(&done, sw.ready_ns);
             for &p in layout.preds(k) {
-                let f = freed[p as usize];
+                let f = timed.dead_at[p as usize];
                 if f.is_nan() {
                     return None;
                 }
@@ -107,32 +141,22 @@ pub(crate) fn stalls_saved(
     saved
 }
 
-/// The simulation's allocations (`requests`, slot `keys` in allocation
-/// order) with each swap-in's lifetime reaching back to when its copy must
-/// start to be complete at its read: `reach` copy times before it (at
-/// `ns_per_byte`), not before its host copy is complete, from the step of
-/// the last allocation made by then. A placement of these requests keeps each
+/// The simulation's allocations (`requests`, timed by `timed`) with each
+/// swap-in's lifetime reaching back to when its copy must start to be
+/// complete at its read: `reach` copy times before it (at `ns_per_byte`),
+/// not before its host copy is complete, from the step of the last
+/// allocation made by then. A placement of these requests keeps each
 /// swap-in's destination free from then on, so the follower can start the
 /// copy there ([`stalls_saved`] times it). `None` when no lifetime moved.
 pub(crate) fn reach_back(
     requests: &[PlanRequest],
-    keys: &[u64],
-    times: &SimTimes,
+    timed: &Timed,
     ns_per_byte: f64,
     reach: f64,
 ) -> Option<Vec<PlanRequest>> {
-    let index: AHashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
-    // The wall clock of each request's allocation (the boundary's, made
-    // before the simulated iteration: its start, 0).
-    let mut alloc_ns = vec![0.0f64; requests.len()];
-    for &(key, wall) in &times.allocs {
-        if let Some(&i) = index.get(&key) {
-            alloc_ns[i] = wall;
-        }
-    }
     let mut out: Option<Vec<PlanRequest>> = None;
-    for sw in &times.swap_ins {
-        let Some(&i) = index.get(&sw.key) else {
+    for &(request, sw) in &timed.swap_ins {
+        let Some(i) = request else {
             continue;
         };
         let from = (sw.read_ns - reach * sw.bytes as f64 * ns_per_byte).max(sw.ready_ns);
@@ -141,7 +165,7 @@ pub(crate) fn reach_back(
         }
         // Allocations are made in order, so their clocks never decrease: the
         // last one made by `from` (or the first of all).
-        let j = alloc_ns[..i]
+        let j = timed.alloc_ns[..i]
             .partition_point(|&w| w <= from)
             .saturating_sub(1);
         let start = requests[j.min(i)].start;
@@ -177,26 +201,26 @@ mod tests {
             allocs: vec![],
             swap_ins: vec![swap_in(9, 1000.0, 512.0, 512)],
         };
-        let saved = stalls_saved(&times, &[7, 9], &[0, 0], &[512, 512], 1.0);
+        let saved = stalls_saved(&Timed::new(&times, &[7, 9]), &[0, 0], &[512, 512], 1.0);
         assert_eq!(saved, 512.0);
         // Freed only at 900: 412 ns of the copy stay exposed.
         let late = SimTimes {
             frees: vec![(7, 900.0)],
             ..times.clone()
         };
-        let saved = stalls_saved(&late, &[7, 9], &[0, 0], &[512, 512], 1.0);
+        let saved = stalls_saved(&Timed::new(&late, &[7, 9]), &[0, 0], &[512, 512], 1.0);
         assert_eq!(saved, 100.0);
         // Its host copy complete only at 950: it cannot start before.
         let mut unready = times.clone();
         unready.swap_ins[0].ready_ns = 950.0;
-        let saved = stalls_saved(&unready, &[7, 9], &[0, 0], &[512, 512], 1.0);
+        let saved = stalls_saved(&Timed::new(&unready, &[7, 9]), &[0, 0], &[512, 512], 1.0);
         assert_eq!(saved, 50.0);
         // The predecessor's free was never seen: no prefetch.
         let unseen = SimTimes {
             frees: vec![],
             ..times
         };
-        let saved = stalls_saved(&unseen, &[7, 9], &[0, 0], &[512, 512], 1.0);
+        let saved = stalls_saved(&Timed::new(&unseen, &[7, 9]), &[0, 0], &[512, 512], 1.0);
         assert_eq!(saved, 0.0);
     }
 
@@ -215,7 +239,7 @@ mod tests {
                 swap_in(2, 1200.0, 512.0, 512),
             ],
         };
-        let saved = stalls_saved(&times, &[1, 2], &[0, 512], &[512, 512], 1.0);
+        let saved = stalls_saved(&Timed::new(&times, &[1, 2]), &[0, 512], &[512, 512], 1.0);
         assert_eq!(saved, 512.0 + (512.0 - 336.0));
         // A range freed after the first read (at 1150) is free 512 ns
         // earlier once the first stall is gone: at 638; the copy runs
@@ -224,10 +248,18 @@ mod tests {
             frees: vec![(5, 1150.0)],
             ..times.clone()
         };
-        let saved = stalls_saved(&later, &[1, 5, 2], &[0, 512, 512], &[512, 512, 512], 1.0);
+        let saved = stalls_saved(
+            &Timed::new(&later, &[1, 5, 2]),
+            &[0, 512, 512],
+            &[512, 512, 512],
+            1.0,
+        );
         assert_eq!(saved, 512.0 + (512.0 - 462.0));
         // Nothing swapped in: nothing saved.
-        assert_eq!(stalls_saved(&SimTimes::default(), &[], &[], &[], 1.0), 0.0);
+        assert_eq!(
+            stalls_saved(&Timed::new(&SimTimes::default(), &[]), &[], &[], 1.0),
+            0.0
+        );
     }
 
     #[test]
@@ -242,18 +274,18 @@ mod tests {
             swap_ins: vec![swap_in(12, 1000.0, 512.0, 512)],
         };
         let keys = [10, 11, 12];
-        let ext = reach_back(&requests, &keys, &times, 1.0, 1.0).unwrap();
+        let ext = reach_back(&requests, &Timed::new(&times, &keys), 1.0, 1.0).unwrap();
         assert_eq!((ext[2].start, ext[2].end), (0, 3));
         assert_eq!(ext[..2], requests[..2]);
         // Half a copy ahead (by 744): from the second allocation's step.
-        let ext = reach_back(&requests, &keys, &times, 1.0, 0.5).unwrap();
+        let ext = reach_back(&requests, &Timed::new(&times, &keys), 1.0, 0.5).unwrap();
         assert_eq!(ext[2].start, 1);
         // Its host copy complete only at 900: not before the second either.
         times.swap_ins[0].ready_ns = 900.0;
-        let ext = reach_back(&requests, &keys, &times, 1.0, 1.0).unwrap();
+        let ext = reach_back(&requests, &Timed::new(&times, &keys), 1.0, 1.0).unwrap();
         assert_eq!(ext[2].start, 1);
         // Ready only at its read: nothing moves.
         times.swap_ins[0].ready_ns = 1000.0;
-        assert!(reach_back(&requests, &keys, &times, 1.0, 1.0).is_none());
+        assert!(reach_back(&requests, &Timed::new(&times, &keys), 1.0, 1.0).is_none());
     }
 }

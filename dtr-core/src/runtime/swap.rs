@@ -251,7 +251,8 @@ impl<V> Runtime<V> {
             if tier.copied_at.len() <= i {
                 tier.copied_at.resize(i + 1, 0.0);
             }
-            tier.copied_at[i] = tier.engines.d2h_done();
+            // The copy completes when the engine is next free.
+            tier.copied_at[i] = tier.engines.d2h_free_at;
             dead_at = dead_at.max(tier.copied_at[i]);
             self.stats.stall_ns += stall;
             tier.mark_stall(self.graph.clock, self.stats.stall_ns);
