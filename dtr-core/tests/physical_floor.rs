@@ -201,3 +201,44 @@ fn an_impossible_budget_names_its_true_cause() {
     assert!(y.is_ok(), "{y:?}");
     rt.check_invariants().unwrap();
 }
+
+#[test]
+fn an_in_place_op_whose_copy_on_write_cannot_fit_is_named_even_when_its_inputs_fail() {
+    // `g` (evicted, from the evicted `c`) and the parameter `p` are the
+    // inputs of an in-place update of `p`. `p` has a reader, so the update
+    // copies on write: p, g and the copy (1 200 KiB) must be resident at once
+    // under a 1 MiB budget. The failure comes first while regenerating `g`
+    // (p held, c and g placed), and it must still name the update, whose own
+    // working set no lever can fit, with the copy counted as its output.
+    let mut rt = runtime(BudgetMode::Physical, Some(1 << 20));
+    let x = rt.put(1, 1 << 10).unwrap();
+    let c = rt
+        .apply(op(1, 1), &[x], &[OutputSpec::fresh(400 << 10)], 1)
+        .unwrap()[0];
+    let g = rt
+        .apply(op(2, 1), &[c], &[OutputSpec::fresh(400 << 10)], 1)
+        .unwrap()[0];
+    assert!(rt.evict(g).unwrap() && rt.evict(c).unwrap());
+    let p = rt.put(2, 400 << 10).unwrap();
+    let reader = rt
+        .apply(op(3, 1), &[p], &[OutputSpec::fresh(4 << 10)], 1)
+        .unwrap()[0];
+    match rt.mutate(op(4, 1), &[p, g], &[0], 1) {
+        Err(Error::ImpossibleBudget(b)) => {
+            assert_eq!(b.cause, ImpossibleCause::OpWorkingSetExceedsBudget, "{b}");
+            let w = b.op.as_ref().expect("the update named");
+            assert_eq!(
+                (w.name.as_str(), w.input_bytes, w.output_bytes),
+                ("op4", 800 << 10, 400 << 10)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing was lost: with the parameter and its reader released, `g`
+    // regenerates bit-identically.
+    rt.release(reader).unwrap();
+    rt.release(p).unwrap();
+    let expect = mix(mix(2, mix(mix(1, 1), 0)), 0);
+    assert_eq!(*rt.access(g).unwrap(), expect);
+    rt.check_invariants().unwrap();
+}

@@ -129,6 +129,9 @@ pub struct Runtime<V> {
     parked_evicted: Vec<StorageId>,
     /// The current `hold` orders inputs by need (its retry).
     by_need: bool,
+    /// The current `hold` swaps its parked last-resort victims (its last
+    /// retry, swap on; [`Runtime::hold`]).
+    swap_parked: bool,
     /// The current `hold` replayed (or set out to replay) a compute path.
     replayed: bool,
     /// Whether the current regeneration keeps what it regenerated
@@ -206,6 +209,7 @@ impl<V> Runtime<V> {
             regenerating: false,
             parked_evicted: Vec::new(),
             by_need: false,
+            swap_parked: false,
             replayed: false,
             keeping: Keeping::Off,
             kept: Vec::new(),

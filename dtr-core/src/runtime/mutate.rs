@@ -77,9 +77,10 @@ impl<V> Runtime<V> {
                 }
             }
         }
-        self.hold(&unique)
-            .map_err(|e| self.name_op_working_set(e, &op, &unique, &[]))?;
         // Copy on write where the old version must stay readable and resident.
+        // Decided before the hold (which changes no storage's recomputability
+        // or readers), so that a hold that fails counts the copies in the op's
+        // working set: they are resident beside its inputs while it runs.
         let mut cow = Vec::new();
         for &t in &targets {
             let r = self.graph.st(t);
@@ -90,6 +91,8 @@ impl<V> Runtime<V> {
             .filter(|(_, &c)| c)
             .map(|(&t, _)| self.graph.st(t).bytes)
             .collect();
+        self.hold(&unique)
+            .map_err(|e| self.name_op_working_set(e, &op, &unique, &cow_sizes))?;
         let mut slots: Vec<Option<Slot>> = Vec::new();
         let mut failed = None;
         match self.place_all(&cow_sizes) {

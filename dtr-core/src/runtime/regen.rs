@@ -29,7 +29,8 @@ impl<V> Runtime<V> {
     /// make room, [`Runtime::evict_parked`] may evict it and the consumer's `Run`
     /// needs it again. Each storage is evicted that way at most once per call, so
     /// the work is bounded. A regeneration that still finds the budget impossible
-    /// is retried once with the inputs ordered by need.
+    /// is retried once with the inputs ordered by need and, with swap on, once
+    /// more swapping its parked victims instead of dropping them.
     pub(super) fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
         // Between regenerations, no allocation in flight: where a losing
         // iteration changes policy.
@@ -39,7 +40,18 @@ impl<V> Runtime<V> {
                 // Creation order parked too much: retry (what was regenerated
                 // stays resident) with the hungriest lineage first.
                 self.stats.reordered_regenerations += 1;
-                self.hold_once(targets, true)
+                match self.hold_once(targets, true) {
+                    Err(Error::ImpossibleBudget(_)) if self.replayed && self.swap_enabled() => {
+                        // Parked victims dropped for recomputation need their
+                        // inputs again beside what is held: retry once more
+                        // swapping them, so each comes back alone.
+                        self.swap_parked = true;
+                        let r = self.hold_once(targets, true);
+                        self.swap_parked = false;
+                        r
+                    }
+                    r => r,
+                }
             }
             r => r,
         }
