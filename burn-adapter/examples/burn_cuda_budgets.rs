@@ -24,6 +24,8 @@
 
 #[path = "../tests/common/model.rs"]
 mod model;
+#[path = "../tests/common/muted.rs"]
+mod muted;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -34,6 +36,7 @@ use burn_nn::loss::CrossEntropyLossConfig;
 use burn_optim::{GradientsParams, Optimizer};
 use burn_tensor::backend::AutodiffBackend;
 use model::{adam, batch, param_bits, Dims, TinyNet};
+use muted::catch_muted;
 use remat_burn::{Dtr, DtrDevice, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig};
 
@@ -117,9 +120,7 @@ fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>, swap: bool) -> Result<Ru
     let mut run = Run::default();
     let mut sample_error = None;
     let start = Instant::now();
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let trained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let trained = catch_muted(|| {
         train::<Ours, _>(
             d,
             steps,
@@ -133,8 +134,7 @@ fn run_dtr(d: &Dims, steps: usize, budget: Option<u64>, swap: bool) -> Result<Ru
                 Err(e) => sample_error = Some(e.to_string()),
             },
         )
-    }));
-    std::panic::set_hook(hook);
+    });
     run.secs = start.elapsed().as_secs_f64();
     if let Some(e) = device.take_error() {
         return Err(e.to_string());

@@ -17,6 +17,8 @@
 
 #[path = "../tests/common/model.rs"]
 mod model;
+#[path = "../tests/common/muted.rs"]
+mod muted;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -25,6 +27,7 @@ use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
 use model::{adam, param_bits, train, Dims, TinyNet, Trace};
+use muted::catch_muted;
 use remat_burn::{Dtr, DtrDevice, DtrOptions, DtrStats, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig};
 
@@ -55,12 +58,7 @@ fn run(d: &Dims, steps: usize, budget: Option<u64>, swap: bool) -> Result<Run, S
     let gbps = device.swap_bandwidth();
     let start = Instant::now();
     let optim = Sealing::new(adam(), &device);
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let trace = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(model, d, steps, false, &device, optim)
-    }));
-    std::panic::set_hook(hook);
+    let trace = catch_muted(|| train(model, d, steps, false, &device, optim));
     let secs = start.elapsed().as_secs_f64();
     if let Some(e) = device.take_error() {
         let text = e.to_string();

@@ -10,6 +10,8 @@
 
 #[path = "../tests/common/model.rs"]
 mod model;
+#[path = "../tests/common/muted.rs"]
+mod muted;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -18,6 +20,7 @@ use burn_autodiff::Autodiff;
 use burn_ndarray::{NdArray, NdArrayDevice};
 use burn_tensor::backend::Backend;
 use model::{adam, param_bits, train, Dims, TinyNet, Trace};
+use muted::catch_muted;
 use remat_burn::{Dtr, DtrDevice, DtrStats, Sealing};
 use remat_dtr::{BudgetMode, DtrConfig};
 
@@ -43,12 +46,7 @@ fn run(d: &Dims, steps: usize, budget: Option<u64>) -> Result<(Trace, DtrStats, 
     let optim = Sealing::new(adam(), &device);
     // Reads inside the training loop (`into_data`) panic on a device error; the
     // typed error is then taken from the device (the panic message is muted).
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let trace = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        train(model, d, steps, false, &device, optim)
-    }));
-    std::panic::set_hook(hook);
+    let trace = catch_muted(|| train(model, d, steps, false, &device, optim));
     let secs = start.elapsed().as_secs_f64();
     if let Some(e) = device.take_error() {
         return Err(e.to_string());
