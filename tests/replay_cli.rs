@@ -81,9 +81,18 @@ fn json_object_has_the_promised_fields_and_flags_take_effect() {
         "decision_ns_median",
         "mean_free_at_eviction_by_pool",
         "allocator_conf",
+        "defrag_bytes",
+        "defrag_ns",
+        "move_bandwidth_gbps",
     ] {
         assert!(r.get(key).is_some(), "missing {key}: {r}");
     }
+    assert_eq!(r["move_bandwidth_gbps"], 1500.0, "moves charged by default");
+    let free = replay_json(path, &["--move-bandwidth", "0"]);
+    assert!(free["move_bandwidth_gbps"].is_null(), "{free}");
+    assert_eq!(free["defrag_ns"], 0);
+    let set = replay_json(path, &["--conf", "move_bandwidth:700"]);
+    assert_eq!(set["move_bandwidth_gbps"], 700.0);
     assert_eq!(r["policy"], "remat");
     assert_eq!(r["budget_mode"], "physical");
     assert_eq!(r["status"], "ok");
@@ -133,6 +142,14 @@ fn bad_values_are_errors_that_say_what_is_allowed() {
         (
             vec!["replay", path, "--conf", "host_budget:lots"],
             "percentage of the device budget",
+        ),
+        (
+            vec!["replay", path, "--move-bandwidth=-1"],
+            "a device memory bandwidth in GB/s",
+        ),
+        (
+            vec!["replay", path, "--conf", "move_bandwidth:0"],
+            "a device memory bandwidth in GB/s",
         ),
     ] {
         let out = remat(&args);

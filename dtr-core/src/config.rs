@@ -20,6 +20,7 @@
 //! | `swap` | `on`/`off`: swap storages to the host tier when a copy costs less than recomputing them, and non-recomputable ones (parameters, inputs) between uses ([`crate::swap`]) | `off` |
 //! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
 //! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
+//! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
 //! The allocator behind a physical budget has its own settings
@@ -253,6 +254,14 @@ pub struct DtrConfig {
     /// The host tier: swap storages to host memory when a copy costs less
     /// than recomputing them (see [`crate::swap`]). Off by default.
     pub swap: SwapConfig,
+    /// Device memory bandwidth (GB/s) that prices a defragmenting arena's
+    /// moves: a move of B bytes reads and writes them, 2·B / bandwidth ns,
+    /// added to the time model ([`crate::RuntimeStats::defrag_ns`]). `None`:
+    /// moves are not charged, right where the arena is a placement model
+    /// over memory the runtime does not move (the adapters: each storage is
+    /// its own allocation). The replayer charges them (`remat replay
+    /// --move-bandwidth`, 1 500 GB/s unless set).
+    pub move_bandwidth: Option<f64>,
 }
 
 impl Default for DtrConfig {
@@ -274,6 +283,7 @@ impl Default for DtrConfig {
             plan_restarts: 8,
             thrash_rescue: true,
             swap: SwapConfig::default(),
+            move_bandwidth: None,
         }
     }
 }
@@ -364,6 +374,15 @@ impl DtrConfig {
                 ));
             }
         }
+        if let Some(bw) = self.move_bandwidth {
+            if !(bw.is_finite() && bw > 0.0) {
+                return Err(ConfigError::bad(
+                    "move_bandwidth",
+                    &bw.to_string(),
+                    MOVE_BANDWIDTH,
+                ));
+            }
+        }
         if let Some(HostBudget::PercentOfBudget(p)) = self.swap.host_budget {
             if !(p.is_finite() && p >= 0.0) {
                 return Err(ConfigError::bad(
@@ -394,6 +413,13 @@ impl DtrConfig {
         self
     }
 
+    /// Charge a defragmenting arena's moves at `gbps` GB/s of device memory
+    /// (`None`: not charged; see [`DtrConfig::move_bandwidth`]).
+    pub fn with_move_bandwidth(mut self, gbps: Option<f64>) -> Self {
+        self.move_bandwidth = gbps;
+        self
+    }
+
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
     pub fn with_thrash_rescue(mut self, on: bool) -> Self {
         self.thrash_rescue = on;
@@ -418,6 +444,7 @@ impl DtrConfig {
         "swap",
         "swap_bandwidth",
         "host_budget",
+        "move_bandwidth",
         "megengine_cost",
         "megengine_memory",
         "megengine_staleness",
@@ -468,6 +495,19 @@ impl DtrConfig {
                     )
                 }
                 "host_budget" => c.swap.host_budget = parse_host_budget(key, value)?,
+                "move_bandwidth" => {
+                    c.move_bandwidth = if value == "none" {
+                        None
+                    } else {
+                        Some(
+                            value
+                                .parse::<f64>()
+                                .ok()
+                                .filter(|b| b.is_finite() && *b > 0.0)
+                                .ok_or_else(|| ConfigError::bad(key, value, MOVE_BANDWIDTH))?,
+                        )
+                    }
+                }
                 "megengine_cost" => c.megengine.cost = parse_f64(key, value)?,
                 "megengine_memory" => c.megengine.memory = parse_f64(key, value)?,
                 "megengine_staleness" => c.megengine.staleness = parse_f64(key, value)?,
@@ -524,6 +564,9 @@ impl ConfigError {
 /// What `plan_restarts` accepts, for its errors.
 /// What `swap_bandwidth` takes.
 const BANDWIDTH: &str = "a bandwidth in GB/s per direction, a finite number above 0 (e.g. 24)";
+/// What `move_bandwidth` takes.
+const MOVE_BANDWIDTH: &str =
+    "none, or a device memory bandwidth in GB/s, a finite number above 0 (e.g. 1500)";
 /// What `host_budget` takes.
 const HOST_BUDGET: &str =
     "none, a byte count such as 64GiB, or a percentage of the device budget such as 400%";
@@ -629,6 +672,32 @@ mod tests {
         assert_eq!(c.plan_restarts, 0);
         assert_eq!(DtrConfig::default().plan_restarts, 8);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
+    }
+
+    #[test]
+    fn move_bandwidth_parses_and_names_what_is_allowed() {
+        assert_eq!(DtrConfig::default().move_bandwidth, None);
+        let c = DtrConfig::parse("move_bandwidth:1500").unwrap();
+        assert_eq!(c.move_bandwidth, Some(1500.0));
+        assert_eq!(
+            DtrConfig::parse("move_bandwidth:none")
+                .unwrap()
+                .move_bandwidth,
+            None
+        );
+        for bad in ["0", "-2", "fast", "inf", "NaN"] {
+            let e = DtrConfig::parse(&format!("move_bandwidth:{bad}")).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("move_bandwidth") && text.contains("GB/s"),
+                "{text}"
+            );
+        }
+        let e = DtrConfig::default()
+            .with_move_bandwidth(Some(-1.0))
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("move_bandwidth"), "{e}");
     }
 
     #[test]

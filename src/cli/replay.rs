@@ -64,6 +64,14 @@ pub struct ReplayArgs {
     /// (unless `--conf` / REMAT_DTR_CONF turn it on). The sweep takes it too.
     #[arg(long)]
     pub swap_bandwidth: Option<f64>,
+    /// What a defragmenting arena's moves cost: device memory bandwidth in
+    /// GB/s (a move of B bytes reads and writes them, 2·B / bandwidth). 0
+    /// leaves moves free. Absent: `move_bandwidth` from `--conf` /
+    /// REMAT_DTR_CONF, else 1500 (the torch traces' roofline, A100-class
+    /// HBM; the DTR traces were timed on an older GPU, so for them it
+    /// under-charges). The sweep takes it too.
+    #[arg(long)]
+    pub move_bandwidth: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -115,7 +123,37 @@ fn base_config(args: &ReplayArgs) -> Result<DtrConfig, Box<dyn std::error::Error
         Some(c) => AllocatorConfig::parse(c)?,
         None => AllocatorConfig::from_env()?,
     };
-    with_swap_flag(dtr.with_allocator(allocator), args.swap_bandwidth)
+    let config = with_swap_flag(dtr.with_allocator(allocator), args.swap_bandwidth)?;
+    with_move_flag(config, args.move_bandwidth)
+}
+
+/// What the replayer charges a defragmenting move when nothing says
+/// otherwise (GB/s of device memory): the torch traces' roofline figure.
+pub(crate) const DEFAULT_MOVE_BANDWIDTH: f64 = 1500.0;
+
+/// `config` with `--move-bandwidth` applied (absent: as configured, else
+/// [`DEFAULT_MOVE_BANDWIDTH`]; 0: moves free; a bandwidth: charged at it),
+/// checked.
+pub(crate) fn with_move_flag(
+    config: DtrConfig,
+    move_bandwidth: Option<f64>,
+) -> Result<DtrConfig, Box<dyn std::error::Error>> {
+    let config = match move_bandwidth {
+        None if config.move_bandwidth.is_none() => {
+            config.with_move_bandwidth(Some(DEFAULT_MOVE_BANDWIDTH))
+        }
+        None => config,
+        Some(0.0) => config.with_move_bandwidth(None),
+        Some(bw) if bw.is_finite() && bw > 0.0 => config.with_move_bandwidth(Some(bw)),
+        Some(bw) => {
+            return Err(format!(
+                "--move-bandwidth {bw}: expected a device memory bandwidth in GB/s, a finite                  number above 0 (0 leaves moves free)"
+            )
+            .into())
+        }
+    };
+    config.check()?;
+    Ok(config)
 }
 
 /// `config` with `--swap-bandwidth` applied (absent: as configured; 0: off;
@@ -153,6 +191,9 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
         "baseline_compute_ns": r.baseline_compute_ns,
         "total_compute_ns": r.total_compute_ns,
         "swap_bandwidth_gbps": r.swap_bandwidth_gbps,
+        "defrag_bytes": r.defrag_bytes,
+        "defrag_ns": r.defrag_ns,
+        "move_bandwidth_gbps": r.move_bandwidth_gbps,
         "stall_ns": r.stall_ns,
         "swapped_out_bytes": r.swapped_out_bytes,
         "swapped_in_bytes": r.swapped_in_bytes,
@@ -187,6 +228,8 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
         "stall_ns": it.stall_ns,
         "swapped_out_bytes": it.swapped_out_bytes,
         "swapped_in_bytes": it.swapped_in_bytes,
+        "defrag_bytes": it.defrag_bytes,
+        "defrag_ns": it.defrag_ns,
         "evictions": it.evictions,
         "rematerializations": it.rematerializations,
         "planned": it.planned,
@@ -290,6 +333,16 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                 r.peak_host_bytes,
                 r.stall_ns as f64 / r.baseline_compute_ns.max(1) as f64
             );
+        }
+        if r.defrag_bytes > 0 {
+            let priced = match r.move_bandwidth_gbps {
+                Some(bw) => format!(
+                    "at {bw} GB/s: {:.4} of the baseline",
+                    r.defrag_ns as f64 / r.baseline_compute_ns.max(1) as f64
+                ),
+                None => "not charged".to_string(),
+            };
+            println!("  defragmentation moved {} B ({priced})", r.defrag_bytes);
         }
         if let Some(e) = &r.error {
             println!("  {e}");

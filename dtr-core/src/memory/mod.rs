@@ -120,10 +120,24 @@ pub trait MemoryModel: Send {
     }
 
     /// Defragment, when the model can: move the blocks `movable` accepts (by
-    /// address) and return `(old, new)` addresses of those that moved. `None`:
-    /// this model does not move blocks.
-    fn compact(&mut self, movable: &dyn Fn(u64) -> bool) -> Option<Vec<(u64, u64)>> {
-        let _ = movable;
+    /// address) and return `(old, new)` addresses of those that moved. With
+    /// `need`, move only what one free run of that many bytes asks, where a
+    /// model can (else as without it). `None`: this model does not move
+    /// blocks.
+    fn compact(
+        &mut self,
+        movable: &dyn Fn(u64) -> bool,
+        need: Option<u64>,
+    ) -> Option<Vec<(u64, u64)>> {
+        let _ = (movable, need);
+        None
+    }
+
+    /// Bytes [`MemoryModel::compact`] with `need` would move, without moving
+    /// them; `None` where it would not move only what `need` asks (a model
+    /// that does not move blocks, or no window holds `need` free bytes).
+    fn compaction_bytes(&mut self, movable: &dyn Fn(u64) -> bool, need: u64) -> Option<u64> {
+        let _ = (movable, need);
         None
     }
 

@@ -163,6 +163,12 @@ pub struct ReplayReport {
     pub peak_host_bytes: u64,
     /// The swap bandwidth per direction (GB/s), `None` with swap off.
     pub swap_bandwidth_gbps: Option<f64>,
+    /// Bytes moved by defragmentation, all iterations.
+    pub defrag_bytes: u64,
+    /// What those moves cost (ns; part of `total_compute_ns`).
+    pub defrag_ns: u64,
+    /// The device bandwidth (GB/s) that priced them, `None` when free.
+    pub move_bandwidth_gbps: Option<f64>,
     /// Peak of live storage bytes.
     pub peak_live_bytes: u64,
     /// Peak bytes reserved by the memory model (device segments when physical).
@@ -214,6 +220,12 @@ pub struct IterationRow {
     pub swapped_out_bytes: u64,
     /// Bytes it swapped in.
     pub swapped_in_bytes: u64,
+    /// Bytes it moved inside a defragmenting arena (the online rescues'
+    /// layout; [`crate::RuntimeStats::defrag_bytes`]).
+    pub defrag_bytes: u64,
+    /// What those moves cost in the time model (ns; part of `overhead`; 0
+    /// where [`crate::DtrConfig::move_bandwidth`] is unset).
+    pub defrag_ns: u64,
     /// Its evictions.
     pub evictions: u64,
     /// Its rematerializations.
@@ -757,6 +769,8 @@ fn drive(
             stall_ns: (s.stall_ns - at_start.stall_ns).round() as u64,
             swapped_out_bytes: s.swapped_out_bytes - at_start.swapped_out_bytes,
             swapped_in_bytes: s.swapped_in_bytes - at_start.swapped_in_bytes,
+            defrag_bytes: s.defrag_bytes - at_start.defrag_bytes,
+            defrag_ns: (s.defrag_ns - at_start.defrag_ns).round() as u64,
             evictions: s.evictions - at_start.evictions,
             rematerializations: s.rematerializations - at_start.rematerializations,
             planned: d.rt.current_plan().is_some(),
@@ -814,6 +828,9 @@ fn drive(
             .swap_enabled()
             .then_some(opts.config.swap.bandwidth_gbps)
             .flatten(),
+        defrag_bytes: stats.defrag_bytes,
+        defrag_ns: stats.defrag_ns.round() as u64,
+        move_bandwidth_gbps: opts.config.move_bandwidth,
         peak_live_bytes: stats.peak_live_bytes,
         peak_reserved_bytes: usage.peak_reserved,
         evictions: stats.evictions,

@@ -146,7 +146,7 @@ impl<V> Runtime<V> {
             // The group's own first allocations may split the free space a
             // compaction cannot join (blocks in flight do not move): freed now,
             // compact once and place the group again.
-            if in_flight && !compacted && self.defragment()? {
+            if in_flight && !compacted && self.defragment(None)? {
                 compacted = true;
                 continue;
             }
@@ -173,11 +173,12 @@ impl<V> Runtime<V> {
                 }
                 Err(AllocFailure::Other(m)) => return Err(Error::Memory(m)),
                 Err(AllocFailure::NoRoom { free_bytes }) => {
-                    // Enough free bytes, in pieces: defragment and retry (once
-                    // per eviction round).
+                    // Enough free bytes, in pieces: open a hole by moving
+                    // blocks where that costs less than evicting, and retry
+                    // (once per eviction round).
                     if !defragged && free_bytes >= self.memory.shape(bytes).block {
                         defragged = true;
-                        if self.defragment()? {
+                        if self.moving_pays(bytes, free_bytes) && self.defragment(Some(bytes))? {
                             continue;
                         }
                     }
@@ -208,6 +209,50 @@ impl<V> Runtime<V> {
                 }
             }
         }
+    }
+
+    /// Whether opening a hole for `bytes` by moving blocks costs no more
+    /// than the eviction the policy would make instead: the moves of the
+    /// targeted compaction ([`crate::memory::MemoryModel::compaction_bytes`])
+    /// at [`crate::DtrConfig::move_bandwidth`], each byte read and written,
+    /// against what regenerating (or swapping) the policy's victims for this
+    /// request would cost. Always where moves are free (`move_bandwidth`
+    /// unset); never where no window can open the hole (sliding everything
+    /// down would move about every resident byte).
+    fn moving_pays(&mut self, bytes: u64, free_bytes: u64) -> bool {
+        let Some(gbps) = self.config.move_bandwidth else {
+            return true;
+        };
+        if !self.defragmenting() {
+            return false;
+        }
+        self.refresh_by_ptr();
+        let by_ptr = &self.by_ptr;
+        let Some(moved) = self
+            .memory
+            .compaction_bytes(&|p| by_ptr.contains_key(&p), bytes)
+        else {
+            return false;
+        };
+        let move_ns = 2.0 * moved as f64 / gbps;
+        self.choose_victims(Request {
+            bytes,
+            shape: Some(self.memory.shape(bytes)),
+            free_bytes,
+        });
+        let victims = std::mem::take(&mut self.victims);
+        let evict_ns: f64 = victims
+            .iter()
+            .map(|&s| {
+                let regen = self
+                    .graph
+                    .regeneration_cost(s, super::swap::REGEN_PRICE_NODES);
+                self.graph.price(s, regen)
+            })
+            .sum();
+        let pays = victims.is_empty() || move_ns <= evict_ns;
+        self.victims = victims;
+        pays
     }
 
     #[cold]

@@ -17,7 +17,7 @@ use crate::ids::StorageId;
 use crate::swap::{CopyEngines, HostTransfer, HostValue};
 
 /// Evicted ancestors visited to price a regeneration against a swap.
-const REGEN_PRICE_NODES: usize = 256;
+pub(super) const REGEN_PRICE_NODES: usize = 256;
 
 /// The runtime's host tier: the adapter's copies, the copy engines' time
 /// model and the host copies by storage index.
@@ -159,10 +159,11 @@ impl<V> Runtime<V> {
         Ok(self.graph.st(s).residency == Residency::Swapped)
     }
 
-    /// Compute, recomputation and stalls so far: the wall clock of the time
-    /// model (ns).
+    /// Compute, recomputation and stalls so far: the clock the host tier's
+    /// copies are timed on ([`crate::RuntimeStats::copy_clock_ns`]; charged
+    /// moves stand outside it).
     pub(super) fn wall_ns(&self) -> f64 {
-        self.stats.wall_ns()
+        self.stats.copy_clock_ns()
     }
 
     /// Free `s` (a victim of the policy, resident) the cheaper way: swap it

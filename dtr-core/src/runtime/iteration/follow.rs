@@ -248,7 +248,7 @@ impl<V> Runtime<V> {
         if !layout.is_at(k, slot.ptr, slot.size) {
             return None;
         }
-        let mut issue = self.iter.start_stats.wall_ns();
+        let mut issue = self.iter.start_stats.copy_clock_ns();
         for &p in layout.preds(k) {
             let freed = *f.freed_at.get(p as usize)?;
             if freed.is_nan() {

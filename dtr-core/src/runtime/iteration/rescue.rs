@@ -206,15 +206,17 @@ impl<V> Runtime<V> {
         }
     }
 
-    /// Defragment the arena: slide resident storages down (blocks of
-    /// allocations in flight stay). `false` when the model cannot.
-    pub(in crate::runtime) fn defragment(&mut self) -> Result<bool> {
+    /// Defragment the arena (blocks of allocations in flight stay): with
+    /// `need`, move only the resident storages of the window that opens one
+    /// free run of `need` bytes at the least bytes moved, else slide every
+    /// resident storage down. `false` when the model cannot.
+    pub(in crate::runtime) fn defragment(&mut self, need: Option<u64>) -> Result<bool> {
         if !self.can_move() {
             return Ok(false);
         }
         self.refresh_by_ptr();
         let by_ptr = &self.by_ptr;
-        let Some(moves) = self.memory.compact(&|p| by_ptr.contains_key(&p)) else {
+        let Some(moves) = self.memory.compact(&|p| by_ptr.contains_key(&p), need) else {
             return Ok(false);
         };
         let moved: Vec<(StorageId, u64)> = moves
@@ -224,12 +226,17 @@ impl<V> Runtime<V> {
         for &(old, _) in &moves {
             self.by_ptr.remove(&old);
         }
+        let before = self.stats.defrag_bytes;
         for (s, new) in moved {
             self.by_ptr.insert(new, s);
             if let Some(slot) = self.graph.st_mut(s).slot.as_mut() {
                 slot.ptr = new;
                 self.stats.defrag_bytes += slot.size;
             }
+        }
+        // Each moved byte is read and written once (GB/s = B/ns).
+        if let Some(gbps) = self.config.move_bandwidth {
+            self.stats.defrag_ns += 2.0 * (self.stats.defrag_bytes - before) as f64 / gbps;
         }
         self.stats.defragmentations += 1;
         Ok(true)
