@@ -297,8 +297,8 @@ impl IterationReport {
         self.compute_ns + self.remat_ns + self.stall_ns + self.defrag_ns
     }
 
-    /// (first computations + rematerializations + stalls on host-tier copies)
-    /// / first computations.
+    /// (first computations + rematerializations + stalls on host-tier copies
+    /// + charged defragmentation moves) / first computations.
     pub fn overhead(&self) -> f64 {
         if self.compute_ns > 0.0 {
             self.wall_ns() / self.compute_ns

@@ -290,6 +290,16 @@ fn an_impossible_budget_stays_a_typed_error_across_iterations() {
 /// `name` replayed as `iterations` training iterations at `ratio` of its peak,
 /// physical budget, the default policy and configuration.
 fn replay_trace(name: &str, ratio: f64, iterations: usize) -> remat_dtr::replay::ReplayReport {
+    replay_trace_with(name, ratio, iterations, &DtrConfig::default())
+}
+
+/// [`replay_trace`] under `config` (the default policy).
+fn replay_trace_with(
+    name: &str,
+    ratio: f64,
+    iterations: usize,
+    config: &DtrConfig,
+) -> remat_dtr::replay::ReplayReport {
     let path = remat_trace::find_trace(name).unwrap_or_else(|| panic!("trace {name} not found"));
     let trace = remat_trace::Trace::load(&path).unwrap();
     remat_dtr::replay::replay_ratio_iterations(
@@ -297,7 +307,7 @@ fn replay_trace(name: &str, ratio: f64, iterations: usize) -> remat_dtr::replay:
         ratio,
         BudgetMode::Physical,
         remat_dtr::PolicyKind::Remat,
-        &DtrConfig::default(),
+        config,
         iterations,
     )
     .unwrap()
@@ -314,17 +324,8 @@ fn online_iterations_are_judged_like_the_first() {
     if require_traces("online_iterations_are_judged_like_the_first").is_none() {
         return;
     }
-    let path = remat_trace::find_trace("transformer").expect("transformer");
-    let trace = remat_trace::Trace::load(&path).unwrap();
-    let r = remat_dtr::replay::replay_ratio_iterations(
-        &trace,
-        0.2,
-        BudgetMode::Physical,
-        remat_dtr::PolicyKind::Remat,
-        &DtrConfig::default().with_plan_ahead(false),
-        2,
-    )
-    .unwrap();
+    let config = DtrConfig::default().with_plan_ahead(false);
+    let r = replay_trace_with("transformer", 0.2, 2, &config);
     assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
     assert_eq!(r.iterations.len(), 2);
     for it in &r.iterations {
@@ -784,20 +785,11 @@ fn charged_moves_do_not_shift_a_plans_copy_timeline() {
     if require_traces("charged_moves_do_not_shift_a_plans_copy_timeline").is_none() {
         return;
     }
-    let path = remat_trace::find_trace("resnet32").expect("resnet32");
-    let trace = remat_trace::Trace::load(&path).unwrap();
     let run = |moves: Option<f64>| {
-        remat_dtr::replay::replay_ratio_iterations(
-            &trace,
-            0.1,
-            BudgetMode::Physical,
-            remat_dtr::PolicyKind::Remat,
-            &DtrConfig::default()
-                .with_swap(Some(24.0))
-                .with_move_bandwidth(moves),
-            3,
-        )
-        .unwrap()
+        let config = DtrConfig::default()
+            .with_swap(Some(24.0))
+            .with_move_bandwidth(moves);
+        replay_trace_with("resnet32", 0.1, 3, &config)
     };
     let (free, charged) = (run(None), run(Some(1500.0)));
     for r in [&free, &charged] {

@@ -147,7 +147,8 @@ pub(crate) fn with_move_flag(
         Some(bw) if bw.is_finite() && bw > 0.0 => config.with_move_bandwidth(Some(bw)),
         Some(bw) => {
             return Err(format!(
-                "--move-bandwidth {bw}: expected a device memory bandwidth in GB/s, a finite                  number above 0 (0 leaves moves free)"
+                "--move-bandwidth {bw}: expected a device memory bandwidth in GB/s, a finite \
+                 number above 0 (0 leaves moves free)"
             )
             .into())
         }

@@ -162,7 +162,7 @@ impl<V> Runtime<V> {
     /// Compute, recomputation and stalls so far: the clock the host tier's
     /// copies are timed on ([`crate::RuntimeStats::copy_clock_ns`]; charged
     /// moves stand outside it).
-    pub(super) fn wall_ns(&self) -> f64 {
+    pub(super) fn copy_clock_ns(&self) -> f64 {
         self.stats.copy_clock_ns()
     }
 
@@ -232,7 +232,7 @@ impl<V> Runtime<V> {
                 return Ok(false);
             }
         }
-        let wall = self.wall_ns();
+        let wall = self.copy_clock_ns();
         // Its range holds nothing needed since its last read, or, when it is
         // copied, since the copy completed.
         let mut dead_at = self.dead_since(s);
@@ -341,7 +341,7 @@ impl<V> Runtime<V> {
         let slot = slots
             .pop()
             .ok_or_else(|| Error::Internal("no slot".into()))?;
-        let wall = self.wall_ns();
+        let wall = self.copy_clock_ns();
         let i = s.0 as usize;
         let prefetch = self.prefetch_issue(&slot);
         let tier = self

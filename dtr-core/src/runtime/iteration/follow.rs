@@ -193,7 +193,7 @@ impl<V> Runtime<V> {
     /// plan log it for the planner's re-timing.
     pub(in crate::runtime) fn release_slot(&mut self, slot: Slot, dead_at: f64) -> Result<()> {
         if self.times_frees() {
-            let dead_at = dead_at.min(self.wall_ns());
+            let dead_at = dead_at.min(self.copy_clock_ns());
             if self.iter.follower.following {
                 if let Some(t) = self.iter.follower.freed_at.get_mut(slot.key as usize) {
                     *t = dead_at;
@@ -262,7 +262,7 @@ impl<V> Runtime<V> {
     /// Log an allocation's wall clock (simulations that become plans).
     pub(in crate::runtime) fn log_alloc(&mut self, slot: &Slot) {
         if self.iter.follower.sim_times.is_some() {
-            let wall = self.wall_ns();
+            let wall = self.copy_clock_ns();
             if let Some(times) = &mut self.iter.follower.sim_times {
                 times.allocs.push((slot.key, wall));
             }
