@@ -20,6 +20,7 @@
 //! | `swap` | `on`/`off`: swap storages to the host tier when a copy costs less than recomputing them, and non-recomputable ones (parameters, inputs) between uses ([`crate::swap`]) | `off` |
 //! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
 //! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
+//! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
@@ -262,6 +263,18 @@ pub struct DtrConfig {
     /// its own allocation). The replayer charges them (`remat replay
     /// --move-bandwidth`, 1 500 GB/s unless set).
     pub move_bandwidth: Option<f64>,
+    /// Under a physical budget, an iteration that runs online (no plan to
+    /// follow) lays its storages out in a compacting arena of the budget from
+    /// its first op, instead of in the caching allocator until it is losing
+    /// (the fragmentation rescue). An allocation then fails only when the
+    /// live bytes (each rounded to the arena's alignment) do not fit, as
+    /// under a logical budget, and the moves that open its hole are charged
+    /// at [`DtrConfig::move_bandwidth`]. With `policy:dtr,sampling:off,
+    /// thrash_rescue:off` it makes the online step the reference: full-scan
+    /// h_DTR under the budget's live bytes, whose evictions it takes one for
+    /// one (see docs/dtr-results.md, *The reference as a first step*). Off
+    /// by default.
+    pub online_arena: bool,
 }
 
 impl Default for DtrConfig {
@@ -284,6 +297,7 @@ impl Default for DtrConfig {
             thrash_rescue: true,
             swap: SwapConfig::default(),
             move_bandwidth: None,
+            online_arena: false,
         }
     }
 }
@@ -420,6 +434,13 @@ impl DtrConfig {
         self
     }
 
+    /// Lay online iterations out in a compacting arena from their first op
+    /// (see [`DtrConfig::online_arena`]).
+    pub fn with_online_arena(mut self, on: bool) -> Self {
+        self.online_arena = on;
+        self
+    }
+
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
     pub fn with_thrash_rescue(mut self, on: bool) -> Self {
         self.thrash_rescue = on;
@@ -445,6 +466,7 @@ impl DtrConfig {
         "swap_bandwidth",
         "host_budget",
         "move_bandwidth",
+        "online_arena",
         "megengine_cost",
         "megengine_memory",
         "megengine_staleness",
@@ -484,6 +506,7 @@ impl DtrConfig {
                         .ok_or_else(|| ConfigError::bad(key, value, &restarts_range()))?
                 }
                 "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
+                "online_arena" => c.online_arena = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
                 "swap_bandwidth" => {
                     c.swap.bandwidth_gbps = Some(
@@ -657,7 +680,7 @@ mod tests {
         let c = DtrConfig::parse(
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
-             thrash_rescue:off,plan_restarts:0",
+             thrash_rescue:off,plan_restarts:0,online_arena:on",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -671,6 +694,7 @@ mod tests {
         assert!(!c.thrash_rescue && DtrConfig::default().thrash_rescue);
         assert_eq!(c.plan_restarts, 0);
         assert_eq!(DtrConfig::default().plan_restarts, 8);
+        assert!(c.online_arena && !DtrConfig::default().online_arena);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }
 

@@ -11,6 +11,9 @@
 //!   ([`Runtime::rescue_from_thrashing`]); the boundary restores the configured
 //!   policy. A regeneration that alone makes it lose keeps what it
 //!   regenerates until it ends (`Runtime::keep_regenerated`, in `regen.rs`).
+//! - **From the start** (`online_arena:on`): an online iteration under a
+//!   physical budget is laid out in that arena at its first op, so only its
+//!   live bytes count ([`crate::DtrConfig::online_arena`]).
 //! - **Fallback.** Under a physical budget, an allocation that no eviction can
 //!   place while the working set fits the budget moves the runtime into the
 //!   same arena, plan-ahead or not ([`Runtime::fall_back_to_arena`]): the
@@ -66,13 +69,22 @@ impl<V> Runtime<V> {
     /// cost more than its first computations is losing to fragmentation; lay
     /// its resident storages out compactly in an [`ArenaMemory`] of the budget,
     /// which can then be defragmented ([`Runtime::defragment`]).
+    ///
+    /// With [`crate::DtrConfig::online_arena`], an online runtime that may
+    /// move blocks (plan-ahead on or off) moves into the arena at its first
+    /// op instead, losing or not.
     pub(in crate::runtime) fn rescue_from_fragmentation(&mut self) -> Result<()> {
-        if !self.may_defragment() || !self.memory.has_addresses() || self.memory.can_compact() {
+        if !self.can_move() || !self.memory.has_addresses() || self.memory.can_compact() {
             return Ok(());
         }
-        let losing = self.losing();
-        if !losing && !self.graph.thrashing() && !self.iter.rescue.fragmented {
-            return Ok(());
+        if !self.config.online_arena {
+            if !self.may_defragment() {
+                return Ok(());
+            }
+            let losing = self.losing();
+            if !losing && !self.graph.thrashing() && !self.iter.rescue.fragmented {
+                return Ok(());
+            }
         }
         self.iter.rescue.fragmented = false;
         if self.pack_into_arena()? {
