@@ -14,8 +14,20 @@ fn reference() -> DtrConfig {
     DtrConfig::parse("sampling:off,thrash_rescue:off,online_arena:on").unwrap()
 }
 
+/// Two iterations: the first runs online (the one `online_arena` lays out),
+/// the second follows the plan made from it.
 fn replay(trace: &Trace, ratio: f64, mode: BudgetMode, config: &DtrConfig) -> ReplayReport {
-    replay_ratio_iterations(trace, ratio, mode, PolicyKind::Dtr, config, 2).unwrap()
+    replay_n(trace, ratio, mode, config, 2)
+}
+
+fn replay_n(
+    trace: &Trace,
+    ratio: f64,
+    mode: BudgetMode,
+    config: &DtrConfig,
+    iterations: usize,
+) -> ReplayReport {
+    replay_ratio_iterations(trace, ratio, mode, PolicyKind::Dtr, config, iterations).unwrap()
 }
 
 /// A training step with activations of mixed sizes (so a caching allocator
@@ -102,37 +114,22 @@ fn without_it_the_caching_allocator_takes_other_evictions() {
 }
 
 /// The two DTR-paper cells where the default first step passes 20× while the
-/// reference finishes (treelstm at 0.2, unroll_gan at 0.25): the reference
-/// recipe finishes them under a physical budget, and treelstm 0.2's first
-/// step costs what full-scan h_DTR costs under a logical budget.
+/// reference finishes (treelstm at 0.2: 1.757 under a logical budget;
+/// unroll_gan at 0.25: 1.395): the reference recipe finishes both under a
+/// physical budget, moves free. One iteration each (held to 2×), so no plan
+/// is made: full-scan h_DTR on these trees is slow in a debug build.
 #[test]
 fn the_reference_first_step_finishes_where_the_default_one_thrashes() {
     if require_traces("the_reference_first_step_finishes_where_the_default_one_thrashes").is_none()
     {
         return;
     }
-    let load = |name: &str| {
+    for (name, ratio) in [("treelstm", 0.2), ("unroll_gan", 0.25)] {
         let path = remat_trace::find_trace(name).unwrap_or_else(|| panic!("{name} not found"));
-        Trace::load(&path).unwrap()
-    };
-    let config = reference();
-    let treelstm = load("treelstm");
-    let physical = replay(&treelstm, 0.2, BudgetMode::Physical, &config);
-    let logical = replay(&treelstm, 0.2, BudgetMode::Logical, &config);
-    assert_eq!(physical.iterations[0].status, ReplayStatus::Ok);
-    assert!(
-        (physical.iterations[0].overhead - logical.iterations[0].overhead).abs() < 1e-3,
-        "{:?} against {:?}",
-        physical.iterations[0],
-        logical.iterations[0]
-    );
-    let unroll_gan = load("unroll_gan");
-    let r = replay(&unroll_gan, 0.25, BudgetMode::Physical, &config);
-    assert_eq!(
-        r.iterations[0].status,
-        ReplayStatus::Ok,
-        "{:?}",
-        r.iterations
-    );
-    assert!(r.iterations[0].overhead < 2.0, "{:?}", r.iterations[0]);
+        let trace = Trace::load(&path).unwrap();
+        let r = replay_n(&trace, ratio, BudgetMode::Physical, &reference(), 1);
+        let first = &r.iterations[0];
+        assert_eq!(first.status, ReplayStatus::Ok, "{name} {ratio}: {first:?}");
+        assert!(first.overhead < 1.8, "{name} {ratio}: {first:?}");
+    }
 }
