@@ -77,14 +77,11 @@ impl<V> Runtime<V> {
         if !self.can_move() || !self.memory.has_addresses() || self.memory.can_compact() {
             return Ok(());
         }
-        if !self.config.online_arena {
-            if !self.may_defragment() {
-                return Ok(());
-            }
-            let losing = self.losing();
-            if !losing && !self.graph.thrashing() && !self.iter.rescue.fragmented {
-                return Ok(());
-            }
+        // Without `online_arena`, only a losing or fragmented step moves.
+        let rescue = self.may_defragment()
+            && (self.losing() || self.graph.thrashing() || self.iter.rescue.fragmented);
+        if !self.config.online_arena && !rescue {
+            return Ok(());
         }
         self.iter.rescue.fragmented = false;
         if self.pack_into_arena()? {
