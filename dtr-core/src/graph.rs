@@ -47,7 +47,9 @@ pub(crate) struct StorageRec {
     pub pins: u32,
     /// The part of `pins` taken by an in-flight regeneration (0 between calls).
     pub holds: u32,
-    /// Clock (ns of compute so far) at the last use.
+    /// Clock (ns of compute so far) at the last use: the end of the op or
+    /// access that read it, or, for a read by a regeneration, the clock when
+    /// that regeneration was asked for (never later than the replays it ran).
     pub last_used: f64,
     /// How many times it was rematerialized.
     pub recomputes: u32,

@@ -1,11 +1,11 @@
 //! Runtime semantics: fake/real delete, pins, aliases, non-recomputable ops, the
 //! impossible-budget error, the 100k chain, config from the environment.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use remat_dtr::{
-    AllocatorConfig, BudgetMode, DtrConfig, Error, OpError, OpHandle, OutputSpec, PolicyKind,
-    Runtime, TensorId,
+    AllocatorConfig, BudgetMode, DecisionView, DtrConfig, Error, EvictionPolicy, LogicalBudget,
+    OpError, OpHandle, OutputSpec, PolicyKind, Runtime, StorageId, TensorId,
 };
 
 mod common;
@@ -593,4 +593,85 @@ fn physical_budgets_use_the_configured_allocator_settings() {
     assert_eq!(reserved_after(Default::default()), 30 * MIB);
     let no_split = AllocatorConfig::parse("max_split_size_mb:20").unwrap();
     assert_eq!(reserved_after(no_split), 40 * MIB);
+}
+
+/// Logs every candidate's staleness at each decision, then evicts the stalest.
+struct StalenessLog(Arc<Mutex<Vec<(StorageId, f64)>>>);
+
+impl EvictionPolicy for StalenessLog {
+    fn name(&self) -> &'static str {
+        "staleness-log"
+    }
+    fn whole_pool_up_to(&self) -> usize {
+        usize::MAX
+    }
+    fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>) {
+        let mut log = self.0.lock().unwrap();
+        log.clear();
+        let mut stalest: Option<(f64, StorageId)> = None;
+        for i in 0..view.pool().len() {
+            let s = view.pool()[i];
+            let st = view.staleness(s);
+            log.push((s, st));
+            if stalest.is_none_or(|(b, _)| st > b) {
+                stalest = Some((st, s));
+            }
+        }
+        victims.extend(stalest.map(|(_, s)| s));
+    }
+}
+
+#[test]
+fn a_regeneration_stamps_what_it_reads_with_the_time_it_was_asked_for() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let config = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_sampling(false);
+    let mut rt: Runtime<u64> = Runtime::with_parts(
+        config,
+        Box::new(LogicalBudget::new(Some(1 << 20))),
+        Box::new(StalenessLog(log.clone())),
+    );
+    // x -> a -> b -> c, each op 1 000 ns; evict all three, then read c: one
+    // cascade replays a, b and c in turn (3 000 ns).
+    let x = rt.put(1, 100).unwrap();
+    let mut ts = vec![x];
+    for k in 1..4 {
+        let t = rt
+            .apply(
+                op(k, 1),
+                &[ts[k as usize - 1]],
+                &[OutputSpec::fresh(100)],
+                1_000,
+            )
+            .unwrap()[0];
+        ts.push(t);
+    }
+    let [a, b, c] = [ts[1], ts[2], ts[3]];
+    let want = *rt.access(c).unwrap();
+    for t in [a, b, c] {
+        assert!(rt.evict(t).unwrap());
+    }
+    let asked_at = rt.stats().compute_ns + rt.stats().remat_ns;
+    assert_eq!(*rt.access(c).unwrap(), want);
+    assert_eq!(rt.stats().rematerializations, 3);
+    let now = rt.stats().compute_ns + rt.stats().remat_ns;
+    assert_eq!(now - asked_at, 3_000.0);
+    // The next decision sees a and b as last used when c was asked for (they
+    // were read only by the cascade), not when the replays reading them ran
+    // (1 000 and 2 000 ns later); c, read by the program, as used now.
+    assert_eq!(rt.free_up(1).unwrap(), 100);
+    let log = log.lock().unwrap();
+    let staleness = |t: TensorId| {
+        let s = rt.storage_of(t).unwrap();
+        log.iter()
+            .find(|(x, _)| *x == s)
+            .map(|&(_, st)| st)
+            .unwrap()
+    };
+    // `DecisionView::staleness` is ns since the last use, plus 1.
+    assert_eq!(staleness(a), now - asked_at + 1.0);
+    assert_eq!(staleness(b), now - asked_at + 1.0);
+    assert_eq!(staleness(c), 1.0);
+    rt.check_invariants().unwrap();
 }

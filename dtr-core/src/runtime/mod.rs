@@ -65,7 +65,15 @@ enum Frame {
     Need(StorageId),
     /// All inputs of `op` are held: compute its missing outputs, release the
     /// inputs, hold `target`.
-    Run { op: OpId, target: StorageId },
+    Run {
+        op: OpId,
+        target: StorageId,
+        /// The clock (ns) when `target`'s regeneration was asked for, before
+        /// any of the replays it needs ran. The inputs `op` reads are stamped
+        /// with it, not with the clock after those replays
+        /// (`Runtime::run`, in `regen.rs`, says why).
+        asked_at: f64,
+    },
 }
 
 /// Where a regeneration stands with keeping what it regenerates

@@ -128,7 +128,11 @@ impl<V> Runtime<V> {
             while let Some(frame) = self.frames.pop() {
                 match frame {
                     Frame::Need(s) => self.need(s)?,
-                    Frame::Run { op, target } => self.run(op, target)?,
+                    Frame::Run {
+                        op,
+                        target,
+                        asked_at,
+                    } => self.run(op, target, asked_at)?,
                 }
             }
             // A target finished early may have been evicted while parked.
@@ -215,7 +219,11 @@ impl<V> Runtime<V> {
             Some(op) if r.recomputable => op,
             _ => return Err(Error::NotRegenerable(s)),
         };
-        self.frames.push(Frame::Run { op, target: s });
+        self.frames.push(Frame::Run {
+            op,
+            target: s,
+            asked_at: self.graph.clock,
+        });
         self.replayed = true;
         let inputs = &self.graph.ops[op.0].unique_inputs;
         if !self.by_need || inputs.len() < 2 {
@@ -243,7 +251,24 @@ impl<V> Runtime<V> {
         Ok(())
     }
 
-    fn run(&mut self, op: OpId, target: StorageId) -> Result<()> {
+    /// Replay `op` for `target` once its inputs are held, then stamp those
+    /// inputs as used at `asked_at`, the clock when `target` was asked for.
+    ///
+    /// Staleness is meant to say how long ago the *program* last read a
+    /// storage. A regeneration's reads are not the program's: they serve the
+    /// one access that asked for `target`, so they carry that access's time.
+    /// Stamped instead with the clock after the replays below them, the
+    /// intermediates of a long cascade would be the freshest storages in
+    /// memory right after it, though nothing reads them again until
+    /// something downstream is evicted and regenerated. They would outlive the
+    /// storages the program is about to read, and each of those, evicted,
+    /// starts a cascade of its own: the thrash loop. Stamped at `asked_at`,
+    /// they look as old as the cascade is long and go first. This is also
+    /// what the DTR authors' simulator does (it stamps an op's inputs before
+    /// regenerating any of them); with it, full-scan h_DTR under a logical
+    /// budget finishes lstm at 0.3 (1.308; the authors: 1.301) where it
+    /// thrashed (`docs/dtr-results.md`, session 24).
+    fn run(&mut self, op: OpId, target: StorageId, asked_at: f64) -> Result<()> {
         let unique = self.graph.ops[op.0].unique_inputs.clone();
         if !self.graph.st(target).is_resident() {
             let missing: Vec<StorageId> = unique
@@ -254,7 +279,11 @@ impl<V> Runtime<V> {
             if !missing.is_empty() {
                 // Parked inputs evicted since they were made resident: drop their
                 // stale holds and need them again before running.
-                self.frames.push(Frame::Run { op, target });
+                self.frames.push(Frame::Run {
+                    op,
+                    target,
+                    asked_at,
+                });
                 for &i in &missing {
                     self.unpin_storage(i, true);
                     self.frames.push(Frame::Need(i));
@@ -272,10 +301,9 @@ impl<V> Runtime<V> {
             }
             result?;
         }
-        let now = self.graph.clock;
         let keep = self.keep_regenerated();
         for s in unique {
-            self.graph.st_mut(s).last_used = now;
+            self.graph.st_mut(s).last_used = asked_at;
             if keep {
                 self.kept.push(s);
             } else {
