@@ -14,7 +14,7 @@
 //! (with `P_FLOOR=1`, also the floor query of an unbudgeted run):
 //!
 //! ```sh
-//! P_MODE=logical P_POLICY=remat P_SAMPLING=true P_BUDGET=4096 [P_COST=gpu] \
+//! P_MODE=logical P_POLICY=remat P_SAMPLING=true P_BUDGET=4096 [P_COST=gpu] [P_STAMP=true] \
 //!   timeout 60 cargo test --release -p remat-burn --test ctc_grad -- --ignored --nocapture
 //! ```
 
@@ -117,6 +117,7 @@ fn probe() {
         .with_budget_mode(mode)
         .with_policy(policy)
         .with_sampling(sampling)
+        .with_request_stamp(env("P_STAMP", false))
         .with_budget(budget);
     let cost = match std::env::var("P_COST").as_deref() {
         Ok("gpu") => CostModel::gpu(),

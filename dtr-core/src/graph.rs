@@ -48,8 +48,9 @@ pub(crate) struct StorageRec {
     /// The part of `pins` taken by an in-flight regeneration (0 between calls).
     pub holds: u32,
     /// Clock (ns of compute so far) at the last use: the end of the op or
-    /// access that read it, or, for a read by a regeneration, the clock when
-    /// that regeneration was asked for (never later than the replays it ran).
+    /// access that read it; for a read by a regeneration, the clock after the
+    /// replays below it ran, or, with `request_stamp`, the clock when that
+    /// regeneration was asked for.
     pub last_used: f64,
     /// How many times it was rematerialized.
     pub recomputes: u32,

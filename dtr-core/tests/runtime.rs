@@ -621,19 +621,20 @@ impl EvictionPolicy for StalenessLog {
     }
 }
 
-#[test]
-fn a_regeneration_stamps_what_it_reads_with_the_time_it_was_asked_for() {
+/// x -> a -> b -> c, each op 1 000 ns; evict a, b and c, then read c: one
+/// cascade replays a, b and c in turn. Returns the staleness of a, b and c
+/// at the next decision and the cascade's length in ns.
+fn stamps_after_a_cascade(request_stamp: bool) -> ([f64; 3], f64) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let config = DtrConfig::default()
         .with_budget_mode(BudgetMode::Logical)
-        .with_sampling(false);
+        .with_sampling(false)
+        .with_request_stamp(request_stamp);
     let mut rt: Runtime<u64> = Runtime::with_parts(
         config,
         Box::new(LogicalBudget::new(Some(1 << 20))),
         Box::new(StalenessLog(log.clone())),
     );
-    // x -> a -> b -> c, each op 1 000 ns; evict all three, then read c: one
-    // cascade replays a, b and c in turn (3 000 ns).
     let x = rt.put(1, 100).unwrap();
     let mut ts = vec![x];
     for k in 1..4 {
@@ -656,11 +657,8 @@ fn a_regeneration_stamps_what_it_reads_with_the_time_it_was_asked_for() {
     assert_eq!(*rt.access(c).unwrap(), want);
     assert_eq!(rt.stats().rematerializations, 3);
     let now = rt.stats().compute_ns + rt.stats().remat_ns;
-    assert_eq!(now - asked_at, 3_000.0);
-    // The next decision sees a and b as last used when c was asked for (they
-    // were read only by the cascade), not when the replays reading them ran
-    // (1 000 and 2 000 ns later); c, read by the program, as used now.
     assert_eq!(rt.free_up(1).unwrap(), 100);
+    rt.check_invariants().unwrap();
     let log = log.lock().unwrap();
     let staleness = |t: TensorId| {
         let s = rt.storage_of(t).unwrap();
@@ -669,9 +667,19 @@ fn a_regeneration_stamps_what_it_reads_with_the_time_it_was_asked_for() {
             .map(|&(_, st)| st)
             .unwrap()
     };
-    // `DecisionView::staleness` is ns since the last use, plus 1.
-    assert_eq!(staleness(a), now - asked_at + 1.0);
-    assert_eq!(staleness(b), now - asked_at + 1.0);
-    assert_eq!(staleness(c), 1.0);
-    rt.check_invariants().unwrap();
+    ([staleness(a), staleness(b), staleness(c)], now - asked_at)
+}
+
+#[test]
+fn a_regeneration_stamps_what_it_reads_with_the_time_it_was_asked_for() {
+    // `DecisionView::staleness` is ns since the last use, plus 1. With
+    // `request_stamp`, a and b look last used when c was asked for (only the
+    // cascade read them); c, read by the program, as used now.
+    let ([a, b, c], cascade) = stamps_after_a_cascade(true);
+    assert_eq!(cascade, 3_000.0);
+    assert_eq!([a, b, c], [cascade + 1.0, cascade + 1.0, 1.0]);
+    // Without it (the default), each is stamped when the replay that read
+    // it finished: b by c's replay, at the end; a by b's, 1 000 ns before.
+    let ([a, b, c], _) = stamps_after_a_cascade(false);
+    assert_eq!([a, b, c], [1_001.0, 1.0, 1.0]);
 }

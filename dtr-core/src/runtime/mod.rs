@@ -69,9 +69,9 @@ enum Frame {
         op: OpId,
         target: StorageId,
         /// The clock (ns) when `target`'s regeneration was asked for, before
-        /// any of the replays it needs ran. The inputs `op` reads are stamped
-        /// with it, not with the clock after those replays
-        /// (`Runtime::run`, in `regen.rs`, says why).
+        /// any of the replays it needs ran. With `request_stamp` the inputs
+        /// `op` reads are stamped with it, not with the clock after those
+        /// replays (`Runtime::run`, in `regen.rs`, says why).
         asked_at: f64,
     },
 }

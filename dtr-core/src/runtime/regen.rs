@@ -252,7 +252,9 @@ impl<V> Runtime<V> {
     }
 
     /// Replay `op` for `target` once its inputs are held, then stamp those
-    /// inputs as used at `asked_at`, the clock when `target` was asked for.
+    /// inputs as used: at `asked_at`, the clock when `target` was asked for,
+    /// with [`DtrConfig::request_stamp`](crate::DtrConfig::request_stamp),
+    /// else at the clock after the replays below them (the default).
     ///
     /// Staleness is meant to say how long ago the *program* last read a
     /// storage. A regeneration's reads are not the program's: they serve the
@@ -267,7 +269,10 @@ impl<V> Runtime<V> {
     /// what the DTR authors' simulator does (it stamps an op's inputs before
     /// regenerating any of them); with it, full-scan h_DTR under a logical
     /// budget finishes lstm at 0.3 (1.308; the authors: 1.301) where it
-    /// thrashed (`docs/dtr-results.md`, session 24).
+    /// thrashes. It is not the default because the argument fails for a
+    /// value two replays of the same regeneration read: stamped old after the
+    /// first, it is evicted and replayed again for the second
+    /// (`docs/dtr-results.md`, session 24).
     fn run(&mut self, op: OpId, target: StorageId, asked_at: f64) -> Result<()> {
         let unique = self.graph.ops[op.0].unique_inputs.clone();
         if !self.graph.st(target).is_resident() {
@@ -301,9 +306,14 @@ impl<V> Runtime<V> {
             }
             result?;
         }
+        let stamp = if self.config.request_stamp {
+            asked_at
+        } else {
+            self.graph.clock
+        };
         let keep = self.keep_regenerated();
         for s in unique {
-            self.graph.st_mut(s).last_used = asked_at;
+            self.graph.st_mut(s).last_used = stamp;
             if keep {
                 self.kept.push(s);
             } else {
