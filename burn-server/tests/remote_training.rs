@@ -1,0 +1,140 @@
+//! A burn-nn model written against stock `burn` 0.22 trains on a remote device
+//! served by `remat_burn_server::serve` (loopback WebSocket) under 100 / 50 /
+//! 30 % budgets, bit-identically to the same model on plain Flex; plus the
+//! server's typed errors.
+
+#[path = "common/model.rs"]
+mod model;
+
+use burn::module::Module;
+use burn::tensor::Device;
+use burn_flex::Flex;
+use model::{param_bits, train, Dims, TinyNet, Trace};
+use remat_burn_server::{serve, CostModel, Error, RemoteDtr, ServeConfig, Server};
+use remat_dtr::{BudgetMode, DtrConfig};
+
+const STEPS: usize = 3;
+
+/// A server with deterministic eviction decisions: costs from the IR (not the
+/// clock), a full scan of the candidates, a logical budget.
+fn server(budget: Option<u64>) -> Server<Flex> {
+    let mut config = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_sampling(false)
+        .with_filter(false);
+    if let Some(b) = budget {
+        config = config.with_budget(b);
+    }
+    let config = ServeConfig::new(Default::default(), config).with_cost_model(CostModel::gpu());
+    serve::<Flex>(config).expect("serve")
+}
+
+/// The model every run starts from: initialized once on Flex, then forked
+/// (moved, detached, its parameters requiring gradients) to each run's device.
+fn init_model(d: &Dims) -> TinyNet {
+    let device = Device::flex().autodiff();
+    device.seed(7);
+    TinyNet::new(d, &device)
+}
+
+fn reference(model: TinyNet, d: &Dims) -> Trace {
+    let device = Device::flex().autodiff();
+    train(model.fork(&device), d, STEPS, &device, || {})
+}
+
+fn remote(model: TinyNet, d: &Dims, server: &Server<Flex>) -> (Trace, RemoteDtr) {
+    let remat = RemoteDtr::connect(&server.url()).expect("connect");
+    let device = remat.device().autodiff();
+    let trace = train(model.fork(&device), d, STEPS, &device, || remat.end_step());
+    device.sync().expect("sync");
+    (trace, remat)
+}
+
+#[test]
+fn training_is_bit_identical_at_100_50_30_percent() {
+    let d = Dims {
+        blocks: 12,
+        ..Dims::tiny()
+    };
+    let model = init_model(&d);
+    let init = param_bits(&model);
+    let want = reference(model.clone(), &d);
+    assert_eq!(want.losses.len(), STEPS);
+
+    let unbounded = server(None);
+    let (trace, remat) = remote(model.clone(), &d, &unbounded);
+    assert_eq!(trace, want, "unbounded run differs");
+    let stats = remat.stats().expect("stats");
+    assert_eq!(stats.steps, STEPS as u64, "{stats}");
+    assert_eq!(stats.evictions, 0, "{stats}");
+    let peak = stats.peak_allocated;
+    assert!(peak > 0);
+    unbounded.shutdown().expect("shutdown");
+
+    for percent in [100u64, 50, 30] {
+        let budget = peak * percent / 100;
+        let s = server(Some(budget));
+        let (trace, remat) = remote(model.clone(), &d, &s);
+        let stats = remat.stats().expect("stats");
+        assert_eq!(
+            s.device().take_error().map(|e| e.to_string()),
+            None,
+            "{percent} %"
+        );
+        assert_eq!(trace.losses, want.losses, "{percent} %: losses differ");
+        assert_eq!(trace.params, want.params, "{percent} %: parameters differ");
+        assert!(stats.peak_allocated <= budget, "{percent} %: {stats}");
+        assert_eq!(stats.budget, Some(budget));
+        if percent < 100 {
+            assert!(stats.evictions > 0, "{percent} %: no eviction: {stats}");
+            assert!(
+                stats.rematerializations > 0,
+                "{percent} %: no replay: {stats}"
+            );
+        }
+        println!("{percent} %: {stats}");
+        s.device().check_invariants().expect("invariants");
+        s.shutdown().expect("shutdown");
+    }
+    assert_eq!(param_bits(&model), init, "the model moved, not changed");
+}
+
+#[test]
+fn a_taken_port_is_a_typed_error() {
+    let first = server(None);
+    let taken = ServeConfig::<Flex>::new(Default::default(), DtrConfig::default())
+        .with_address(first.address());
+    match serve::<Flex>(taken) {
+        Err(Error::Bind { address, .. }) => assert_eq!(address, first.address()),
+        other => panic!("expected Error::Bind, got {other:?}"),
+    }
+    first.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_bad_configuration_fails_before_serving() {
+    let mut config = DtrConfig::default();
+    config.swap.enabled = true;
+    config.swap.bandwidth_gbps = Some(-1.0);
+    match serve::<Flex>(ServeConfig::new(Default::default(), config)) {
+        Err(e) => assert!(e.to_string().contains("swap_bandwidth"), "{e}"),
+        Ok(s) => panic!("served with a negative bandwidth at {}", s.url()),
+    }
+}
+
+#[test]
+fn connecting_nowhere_and_a_local_device_are_typed_errors() {
+    // A port nothing listens on: bind one, learn it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    match RemoteDtr::connect(&format!("ws://127.0.0.1:{port}")) {
+        Err(Error::Connect { .. }) => {}
+        other => panic!("expected Error::Connect, got {other:?}"),
+    }
+    match RemoteDtr::new(&Device::flex()) {
+        Err(Error::NotRemote(_)) => {}
+        other => panic!("expected Error::NotRemote, got {other:?}"),
+    }
+}
