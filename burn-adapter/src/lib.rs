@@ -42,9 +42,10 @@
 //! Burn 0.21.x is pinned (`=0.21.0`) on purpose: it is the **last release whose
 //! `Tensor<B, D>` is generic over the backend**. From 0.22 `burn::Tensor` dispatches
 //! over a fixed set of built-in backends, so a third-party backend such as
-//! `Dtr<B>` is unreachable from user code and burn-nn models. The glue is kept thin
-//! (a router channel and client, ~20 methods) so that a later Burn that reopens
-//! backends can be followed.
+//! `Dtr<B>` is unreachable from user code and burn-nn models in process. For
+//! Burn 0.22 users, the `remat-burn-server` crate ports this router channel and
+//! client to burn-router 0.22 and serves `Dtr<B>` behind burn-remote, which
+//! stock Burn reaches through a remote device (loopback by default).
 //!
 //! ## The model
 //!

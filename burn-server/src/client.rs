@@ -47,7 +47,7 @@ pub struct DtrStats {
     pub uploads: u64,
     /// Non-recomputable ops run (random, empty): never evicted.
     pub non_recomputable: u64,
-    /// The last step that ended ([`DtrClient::end_iteration`]; `Sealing` ends
+    /// The last step that ended ([`DtrClient::end_iteration`]; `RemoteDtr::end_step` ends
     /// one after each optimizer step): its figures and whether it followed a
     /// plan.
     pub last_iteration: Option<IterationReport>,

@@ -1,7 +1,7 @@
 //! How the cost of an op (its compute time, the "c" of the DTR heuristics) is
 //! taken.
 //!
-//! On synchronous backends (NdArray) the op has finished when the runner returns,
+//! On synchronous backends (Flex, NdArray) the op has finished when the runner returns,
 //! so the wall-clock time around it is its cost. On asynchronous backends (CUDA)
 //! that time is only the launch: use [`CostModel::Analytic`], an estimate from the
 //! IR — bytes moved × `ns_per_byte` plus, for matrix products and convolutions,

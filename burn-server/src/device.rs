@@ -120,9 +120,9 @@ pub(crate) fn options_of(slot: u16) -> Result<DtrOptions> {
 /// its DTR runtime.
 ///
 /// ```no_run
-/// use remat_burn::{Dtr, DtrDevice};
+/// use remat_burn_server::{Dtr, DtrDevice};
 /// use remat_dtr::{DtrConfig, HostBudget};
-/// # fn run<B: burn_ir::BackendIr>(inner: B::Device) -> Result<(), remat_burn::Error> {
+/// # fn run<B: burn_ir::BackendIr>(inner: B::Device) -> Result<(), remat_burn_server::Error> {
 /// let device = DtrDevice::<B>::new(inner, DtrConfig::default().with_budget(64 << 20))?;
 /// // Tensor::<Dtr<B>, 2>::zeros([8, 8], &device) …
 /// println!("{}", device.stats());
@@ -225,7 +225,7 @@ impl<B: BackendIr> DtrDevice<B> {
     /// The smallest budget (bytes, in the device's budget mode) under which
     /// the last recorded step replays at a cost of at most `max_overhead` times
     /// its first computations: answered offline by simulating the step, no
-    /// trial runs. Steps end with [`DtrDevice::end_iteration`] (`Sealing` ends
+    /// trial runs. Steps end with [`DtrDevice::end_iteration`] (`RemoteDtr::end_step` ends
     /// one after each optimizer step).
     pub fn min_feasible_budget(&self, max_overhead: f64) -> Result<u64> {
         get_client::<DtrChannel<B>>(self).min_feasible_budget(max_overhead)
@@ -249,7 +249,7 @@ impl<B: BackendIr> DtrDevice<B> {
     }
 
     /// End a training step (see [`DtrClient::end_iteration`](crate::DtrClient::end_iteration));
-    /// [`Sealing`](crate::Sealing) calls it after each optimizer step, after the seal.
+    /// [`RemoteDtr::end_step`](crate::RemoteDtr::end_step) calls it after each optimizer step, after the seal.
     pub fn end_iteration(&self) -> Result<remat_dtr::IterationReport> {
         get_client::<DtrChannel<B>>(self).end_iteration()
     }
@@ -261,7 +261,7 @@ impl<B: BackendIr> DtrDevice<B> {
 
     /// Wait for the inner device, then ask the inner backend to release the
     /// memory its pools cache (`Backend::memory_cleanup`: cubecl's
-    /// `memory_cleanup` on CUDA; nothing on NdArray). The `empty_cache()` of
+    /// `memory_cleanup` on CUDA; nothing on Flex). The `empty_cache()` of
     /// this backend.
     pub fn empty_cache(&self) -> Result<()> {
         B::sync(&self.inner).map_err(|e| Error::Inner(format!("sync before cleanup: {e:?}")))?;

@@ -306,3 +306,43 @@ impl fmt::Display for RemoteStats {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_round_trip_through_the_f64_layout() {
+        let mut s = DtrStats {
+            ops: 12,
+            views: 3,
+            uploads: 4,
+            tensors: 9,
+            resident: 7,
+            ..DtrStats::default()
+        };
+        s.runtime.evictions = 5;
+        s.runtime.rematerializations = 6;
+        s.runtime.iterations = 2;
+        s.memory.peak_allocated = (1 << 40) + 1;
+        s.memory.capacity = Some(1 << 20);
+        let r = RemoteStats::from_values(&stats_values(&s)).expect("layout");
+        assert_eq!((r.ops, r.views, r.uploads), (12, 3, 4));
+        assert_eq!((r.evictions, r.rematerializations, r.steps), (5, 6, 2));
+        assert_eq!(r.peak_allocated, (1 << 40) + 1);
+        assert_eq!(r.budget, Some(1 << 20));
+        assert_eq!(r.last_index, None);
+        assert_eq!(r.last_overhead(), None);
+    }
+
+    #[test]
+    fn another_layout_is_refused() {
+        let mut v = stats_values(&DtrStats::default());
+        v[0] = 2.0;
+        assert!(matches!(
+            RemoteStats::from_values(&v),
+            Err(Error::Remote(_))
+        ));
+        assert!(RemoteStats::from_values(&v[..3]).is_err());
+    }
+}
