@@ -7,7 +7,7 @@
 mod model;
 
 use burn::module::Module;
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
 use burn_flex::Flex;
 use model::{param_bits, train, Dims, TinyNet, Trace};
 use remat_burn_server::{serve, CostModel, Error, RemoteDtr, ServeConfig, Server};
@@ -24,6 +24,10 @@ fn server(budget: Option<u64>) -> Server<Flex> {
     if let Some(b) = budget {
         config = config.with_budget(b);
     }
+    server_with(config)
+}
+
+fn server_with(config: DtrConfig) -> Server<Flex> {
     let config = ServeConfig::new(Default::default(), config).with_cost_model(CostModel::gpu());
     serve::<Flex>(config).expect("serve")
 }
@@ -140,4 +144,48 @@ fn connecting_nowhere_and_a_local_device_are_typed_errors() {
         Err(Error::NotRemote(_)) => {}
         other => panic!("expected Error::NotRemote, got {other:?}"),
     }
+}
+
+#[test]
+fn the_floor_query_answers_after_a_step_and_says_why_before() {
+    // One block: the floor search replays the recorded step many times, which
+    // a debug build does slowly.
+    let d = Dims {
+        blocks: 1,
+        batch: 4,
+        ..Dims::tiny()
+    };
+    let model = init_model(&d);
+    let s = server(Some(64 << 20));
+    let remat = RemoteDtr::connect(&s.url()).expect("connect");
+    match remat.min_feasible_budget(1.5) {
+        Err(Error::Remote(reason)) => assert!(!reason.is_empty()),
+        other => panic!("expected Error::Remote before any step, got {other:?}"),
+    }
+    let device = remat.device().autodiff();
+    let _ = train(model.fork(&device), &d, 2, &device, || remat.end_step());
+    let peak = remat.stats().expect("stats").peak_allocated;
+    let floor = remat.min_feasible_budget(1.5).expect("floor");
+    assert!(floor > 0 && floor <= peak, "floor {floor} B, peak {peak} B");
+    s.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_failed_op_does_not_poison_the_remote_device() {
+    // 16 KiB physical: a 64 KiB tensor cannot be placed, small ones can.
+    let s = server_with(DtrConfig::default().with_budget(16 << 10));
+    let device = RemoteDtr::connect(&s.url()).expect("connect").device();
+    let big = Tensor::<1>::ones([16 << 10], &device).mul_scalar(2.0);
+    let err = big.try_into_data().expect_err("64 KiB under 16 KiB");
+    assert!(err.to_string().contains("impossible budget"), "{err}");
+    assert!(device.sync().is_err(), "the next sync reports the failure");
+    let small = Tensor::<1>::ones([4], &device).add_scalar(1.0);
+    let values: Vec<f32> = small.into_data().try_to_vec().expect("f32");
+    assert_eq!(values, vec![2.0; 4]);
+    device.sync().expect("reported once");
+    assert!(s
+        .device()
+        .take_error()
+        .is_some_and(|e| e.impossible_budget().is_some()));
+    s.shutdown().expect("shutdown");
 }
