@@ -294,6 +294,13 @@ impl fmt::Display for RemoteStats {
         if let Some(b) = self.budget {
             write!(f, " of {b} B")?;
         }
+        if self.swap_outs + self.swap_ins > 0 {
+            write!(
+                f,
+                ", swap-outs {}, swap-ins {}",
+                self.swap_outs, self.swap_ins
+            )?;
+        }
         write!(f, ", steps {}", self.steps)?;
         if let (Some(i), Some(o)) = (self.last_index, self.last_overhead()) {
             let how = if self.last_planned {

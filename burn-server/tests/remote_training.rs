@@ -189,3 +189,38 @@ fn a_failed_op_does_not_poison_the_remote_device() {
         .is_some_and(|e| e.impossible_budget().is_some()));
     s.shutdown().expect("shutdown");
 }
+
+/// Swap through the server (issue 33's Burn goal, on 0.22): the default
+/// physical mode at 30 %, where recomputation alone is an impossible budget
+/// for this model (its parameters and Adam state are not recomputable), with
+/// the host tier on at 24 GB/s.
+#[test]
+fn swap_trains_the_physical_30_percent_that_recomputation_cannot() {
+    let d = Dims {
+        blocks: 8,
+        ..Dims::tiny()
+    };
+    let model = init_model(&d);
+    let want = reference(model.clone(), &d);
+    let unbounded = server_with(DtrConfig::default());
+    let (_, remat) = remote(model.clone(), &d, &unbounded);
+    let peak = remat.stats().expect("stats").peak_allocated;
+    unbounded.shutdown().expect("shutdown");
+    let budget = peak * 30 / 100;
+    let mut config = DtrConfig::default().with_budget(budget);
+    config.swap.enabled = true;
+    config.swap.bandwidth_gbps = Some(24.0);
+    let started = std::time::Instant::now();
+    let s = server_with(config);
+    let (trace, remat) = remote(model, &d, &s);
+    let stats = remat.stats().expect("stats");
+    println!(
+        "swap at 30 % physical: {stats} ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(s.device().take_error().map(|e| e.to_string()), None);
+    assert_eq!(trace, want, "bit-identical with swap");
+    assert!(stats.swap_outs > 0 && stats.swap_ins > 0, "{stats}");
+    assert!(stats.peak_allocated <= budget, "{stats}");
+    s.shutdown().expect("shutdown");
+}
