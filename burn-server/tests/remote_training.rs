@@ -215,8 +215,9 @@ fn swap_trains_the_physical_30_percent_that_recomputation_cannot() {
     let (trace, remat) = remote(model, &d, &s);
     let stats = remat.stats().expect("stats");
     println!(
-        "swap at 30 % physical: {stats} ({:.1} s)",
-        started.elapsed().as_secs_f64()
+        "swap at 30 % physical: {stats} ({:.1} s); last boundary: {:?}",
+        started.elapsed().as_secs_f64(),
+        s.device().stats().last_iteration.map(|r| r.planning)
     );
     assert_eq!(s.device().take_error().map(|e| e.to_string()), None);
     assert_eq!(trace, want, "bit-identical with swap");
