@@ -16,7 +16,7 @@ mod cases;
 use burn::tensor::Device;
 use burn_flex::Flex;
 use cases::*;
-use remat_burn_server::{serve, RemoteDtr, ServeConfig, Server};
+use remat_burn_server::{serve, CostModel, RemoteDtr, ServeConfig, Server};
 use remat_dtr::{BudgetMode, DtrConfig};
 
 fn configs() -> Vec<(&'static str, DtrConfig)> {
@@ -34,9 +34,11 @@ fn configs() -> Vec<(&'static str, DtrConfig)> {
     ]
 }
 
-/// A fresh server of `config` and a device on it.
+/// A fresh server of `config` and a device on it. Costs come from the IR (not
+/// the clock), so that eviction decisions, hence the runs, repeat.
 fn remote(config: DtrConfig) -> (Server<Flex>, Device) {
-    let server = serve::<Flex>(ServeConfig::new(Default::default(), config)).expect("serve");
+    let config = ServeConfig::new(Default::default(), config).with_cost_model(CostModel::gpu());
+    let server = serve::<Flex>(config).expect("serve");
     let device = RemoteDtr::connect(&server.url()).expect("connect").device();
     (server, device)
 }
@@ -50,6 +52,7 @@ fn every_op_family_is_bit_identical_under_eviction() {
     for (case, run) in plain_cases() {
         let want = run(&plain);
         for (name, config) in configs() {
+            let started = std::time::Instant::now();
             let (server, device) = remote(config);
             let got = run(&device);
             device.sync().expect("sync");
@@ -62,6 +65,10 @@ fn every_op_family_is_bit_identical_under_eviction() {
             if name == "threshold:0" {
                 assert!(n > 0, "{case} [{name}]: evicts");
             }
+            eprintln!(
+                "{case} [{name}]: {n} evictions, {:.2} s",
+                started.elapsed().as_secs_f64()
+            );
             server.shutdown().expect("shutdown");
         }
     }
@@ -69,15 +76,29 @@ fn every_op_family_is_bit_identical_under_eviction() {
         assert!(evictions[name] > 0, "{name}: {evictions:?}");
     }
     // Gradients through autodiff on each device (autodiff runs on the
-    // client: the server sees the backward pass as plain ops).
-    for (case, run) in [
-        ("gradients", gradients as Case),
-        ("ctc_loss_grad", ctc_loss_grad as Case),
+    // client: the server sees the backward pass as plain ops). Burn's CTC
+    // backward (~570 small ops) runs under `threshold:0` only: under the
+    // 16 KiB physical budget the default policy thrashes on it (553 239
+    // evictions, 39 s in a debug build; bit-identical all the same; see
+    // docs/burn.md).
+    for (case, run, configs) in [
+        ("gradients", gradients as Case, configs()),
+        (
+            "ctc_loss_grad",
+            ctc_loss_grad as Case,
+            configs()[..1].to_vec(),
+        ),
     ] {
         let want = run(&plain.clone().autodiff());
-        for (name, config) in configs() {
+        for (name, config) in configs {
+            let started = std::time::Instant::now();
             let (server, device) = remote(config);
             let got = run(&device.autodiff());
+            eprintln!(
+                "{case} [{name}]: {} evictions, {:.2} s",
+                server.device().stats().runtime.evictions,
+                started.elapsed().as_secs_f64()
+            );
             assert_same(case, name, &want, &got);
             assert!(server.device().take_error().is_none(), "{case} [{name}]");
             server.device().check_invariants().unwrap();
