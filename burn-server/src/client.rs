@@ -576,19 +576,6 @@ impl<B: BackendIr> State<B> {
         result
     }
 
-    /// `new_id` names `src_id`'s value (burn's `register_alias`): a view with
-    /// no op of its own.
-    fn alias(&mut self, new_id: TensorId, src_id: TensorId) -> Result<()> {
-        if let Some(m) = self.failed.get(&src_id).cloned() {
-            self.failed.insert(new_id, m);
-            return Ok(());
-        }
-        let parent = self.entry(src_id)?;
-        self.rt.retain(parent.t)?;
-        self.entries.insert(new_id, parent);
-        Ok(())
-    }
-
     /// A view: a new name on its input's storage (no compute, no bytes).
     fn view(&mut self, mut op: OperationIr) -> Result<()> {
         let (input, out) = match (op.inputs().next(), op.outputs().next()) {
@@ -767,13 +754,14 @@ impl<B: BackendIr> RouterClient for DtrClient<B> {
         ));
     }
 
-    /// An alias is a second burn id on the same storage: recorded as a view
-    /// with no op (reading it reads the source).
+    /// Aliases, too, come only from burn-fusion (its cross-stream sharing):
+    /// the alias is marked not computed with an [`Error::Unsupported`].
     fn register_alias(&self, new_id: TensorId, src_id: TensorId) {
-        let mut st = self.lock();
-        if let Err(e) = st.alias(new_id, src_id) {
-            st.fail(&[new_id], e);
-        }
+        let _ = src_id;
+        self.lock().fail(
+            &[new_id],
+            Error::Unsupported("tensor aliases (burn-fusion over a DTR device)".into()),
+        );
     }
 }
 

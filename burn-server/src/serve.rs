@@ -65,6 +65,9 @@ impl<B: BackendIr> ServeConfig<B> {
 }
 
 /// A running server of one DTR device. Dropping it shuts it down.
+///
+/// Serve one training process per server: every session shares the device,
+/// its budget and its steps ([`crate::RemoteDtr::end_step`] seals all of it).
 pub struct Server<B: BackendIr> {
     address: SocketAddr,
     device: DtrDevice<B>,
