@@ -20,6 +20,7 @@
 //! | `swap` | `on`/`off`: swap storages to the host tier when a copy costs less than recomputing them, and non-recomputable ones (parameters, inputs) between uses ([`crate::swap`]) | `off` |
 //! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
 //! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
+//! | `release_at_boundary` | `on`/`off`: at each iteration boundary a caching-allocator budget gives back its cached free segments (PyTorch's `empty_cache`), so an iteration that runs online starts from the layout the first did (see [`DtrConfig::release_at_boundary`]) | `on` |
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
@@ -288,6 +289,18 @@ pub struct DtrConfig {
     /// (197 without). Off by default (docs/dtr-results.md, *A regeneration's
     /// reads stamped at the request*).
     pub request_stamp: bool,
+    /// At each iteration boundary, a physical (caching-allocator) budget
+    /// gives its cached free segments back to the device, as
+    /// `torch.cuda.empty_cache()` does; live blocks stay where they are. An
+    /// iteration that then runs online (no plan fits, plan-ahead off, a
+    /// start the planner cannot carry) places its storages in segments cut
+    /// for its own requests, as the first iteration did, not in the ones the
+    /// end of the previous iteration left cached. Without it, lstm at 0.3
+    /// with plan-ahead off costs 1.365 in its first iteration and passes 20×
+    /// in its second; with it the second costs 1.348 (docs/dtr-results.md,
+    /// *The online step on a cache the step before left*). Planned
+    /// iterations place by their plan and are unaffected. On by default.
+    pub release_at_boundary: bool,
 }
 
 impl Default for DtrConfig {
@@ -312,6 +325,7 @@ impl Default for DtrConfig {
             move_bandwidth: None,
             online_arena: false,
             request_stamp: false,
+            release_at_boundary: true,
         }
     }
 }
@@ -462,6 +476,13 @@ impl DtrConfig {
         self
     }
 
+    /// Give a caching-allocator budget's cached segments back at each
+    /// iteration boundary, or keep them (see [`DtrConfig::release_at_boundary`]).
+    pub fn with_release_at_boundary(mut self, on: bool) -> Self {
+        self.release_at_boundary = on;
+        self
+    }
+
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
     pub fn with_thrash_rescue(mut self, on: bool) -> Self {
         self.thrash_rescue = on;
@@ -489,6 +510,7 @@ impl DtrConfig {
         "move_bandwidth",
         "online_arena",
         "request_stamp",
+        "release_at_boundary",
         "megengine_cost",
         "megengine_memory",
         "megengine_staleness",
@@ -530,6 +552,7 @@ impl DtrConfig {
                 "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
                 "online_arena" => c.online_arena = parse_switch(key, value)?,
                 "request_stamp" => c.request_stamp = parse_switch(key, value)?,
+                "release_at_boundary" => c.release_at_boundary = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
                 "swap_bandwidth" => {
                     c.swap.bandwidth_gbps = Some(
@@ -703,7 +726,8 @@ mod tests {
         let c = DtrConfig::parse(
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
-             thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on",
+             thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
+             release_at_boundary:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -719,6 +743,7 @@ mod tests {
         assert_eq!(DtrConfig::default().plan_restarts, 8);
         assert!(c.online_arena && !DtrConfig::default().online_arena);
         assert!(c.request_stamp && !DtrConfig::default().request_stamp);
+        assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }
 

@@ -59,6 +59,9 @@ pub struct RuntimeStats {
     /// What those moves cost at [`crate::DtrConfig::move_bandwidth`] (ns;
     /// 0 where moves are not charged), part of [`RuntimeStats::wall_ns`].
     pub defrag_ns: f64,
+    /// Cached free bytes a caching-allocator budget gave back to the device
+    /// at iteration boundaries ([`crate::DtrConfig::release_at_boundary`]).
+    pub boundary_released_bytes: u64,
     /// Online iterations that were losing (replays past their computations)
     /// and finished under the lineage-priced policy (see
     /// `Runtime::rescue_from_thrashing`).
@@ -173,6 +176,10 @@ pub struct IterationReport {
     pub swapped_in_bytes: u64,
     /// The arena of its plan, when it had one.
     pub arena_bytes: Option<u64>,
+    /// Cached free bytes the budget's caching allocator gave back at the
+    /// boundary that ended it ([`crate::DtrConfig::release_at_boundary`];
+    /// 0 under logical and arena budgets, which cache nothing).
+    pub released_bytes: u64,
     /// The runtime had to rescue it online ([`RuntimeStats::rescued_since`]);
     /// its plan may then cost more than it did, up to 2× its first
     /// computations, since its own cost is no figure the next online

@@ -231,6 +231,7 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
         "swapped_in_bytes": it.swapped_in_bytes,
         "defrag_bytes": it.defrag_bytes,
         "defrag_ns": it.defrag_ns,
+        "released_bytes": it.released_bytes,
         "evictions": it.evictions,
         "rematerializations": it.rematerializations,
         "planned": it.planned,

@@ -141,6 +141,13 @@ pub trait MemoryModel: Send {
         None
     }
 
+    /// Give the device back what the model holds cached and unused (a caching
+    /// allocator's free segments, PyTorch's `empty_cache`); returns the bytes
+    /// released. Models without a cache release nothing.
+    fn release_cached(&mut self) -> Result<u64, String> {
+        Ok(0)
+    }
+
     /// Give a slot back.
     fn free(&mut self, slot: Slot) -> Result<(), String>;
 

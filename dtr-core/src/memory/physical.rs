@@ -110,6 +110,13 @@ impl MemoryModel for PhysicalBudget {
         }
     }
 
+    fn release_cached(&mut self) -> Result<u64, String> {
+        let reserved = |a: &CachingAllocator<SimulatedDevice>| a.stats().reserved_bytes.all.current;
+        let before = reserved(&self.alloc);
+        self.alloc.empty_cache().map_err(|e| e.to_string())?;
+        Ok(before.saturating_sub(reserved(&self.alloc)) as u64)
+    }
+
     fn free(&mut self, slot: Slot) -> Result<(), String> {
         if slot.key == EMPTY_KEY {
             return Ok(());

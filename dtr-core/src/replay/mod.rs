@@ -247,6 +247,9 @@ pub struct IterationRow {
     /// How the state at its end differs from its start, when it does (see
     /// [`crate::stats::StartDiff`]).
     pub start_diff: Option<crate::stats::StartDiff>,
+    /// Cached free bytes the caching allocator gave back at its end
+    /// ([`crate::DtrConfig::release_at_boundary`]).
+    pub released_bytes: u64,
 }
 
 /// A replay failure that is not a budget outcome (a malformed trace, a bug).
@@ -780,6 +783,7 @@ fn drive(
             next_plan: None,
             planning: None,
             start_diff: None,
+            released_bytes: 0,
         };
         if status != ReplayStatus::Ok || opts.iterations == 1 {
             rows.push(row);
@@ -790,6 +794,7 @@ fn drive(
         row.next_plan = report.next_plan;
         row.planning = Some(report.planning);
         row.start_diff = report.start_diff;
+        row.released_bytes = report.released_bytes;
         rows.push(row);
     }
     let stats = d.rt.stats().clone();

@@ -296,7 +296,14 @@ impl<V> Runtime<V> {
             next_plan: None,
             planning: PlanStatus::Off,
             start_diff: None,
+            released_bytes: 0,
         };
+        if self.config.release_at_boundary {
+            // The next iteration, if it runs online, cuts its segments for its
+            // own requests, as the first did (`DtrConfig::release_at_boundary`).
+            report.released_bytes = self.memory.release_cached().map_err(Error::Memory)?;
+            self.stats.boundary_released_bytes += report.released_bytes;
+        }
         // Freeze what stays resident; what is evicted becomes stale (epoch).
         let ids: Vec<u32> = self.graph.storages.iter().map(|(i, _)| i).collect();
         for i in ids {
@@ -535,6 +542,7 @@ mod tests {
             next_plan: None,
             planning: PlanStatus::NotRecorded,
             start_diff: None,
+            released_bytes: 0,
         }
     }
 
