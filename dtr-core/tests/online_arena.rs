@@ -6,7 +6,10 @@
 
 use remat_dtr::replay::{replay_ratio_iterations, ReplayReport, ReplayStatus};
 use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
-use remat_trace::{require_traces, Trace, TraceBuilder};
+use remat_trace::{require_traces, Trace};
+
+mod mixed;
+use mixed::{forward_size, mixed_step};
 
 /// The reference recipe: full-scan h_DTR, no rescues, the arena from the start,
 /// moves free.
@@ -30,36 +33,9 @@ fn replay_n(
     replay_ratio_iterations(trace, ratio, mode, PolicyKind::Dtr, config, iterations).unwrap()
 }
 
-/// A training step with activations of mixed sizes (so a caching allocator
-/// fragments as they are evicted and freed): a forward chain of `layers`, a
-/// loss, a backward reading each activation in reverse.
-fn mixed_step(layers: usize) -> Trace {
-    const KIB: u64 = 1 << 10;
-    let mut t = TraceBuilder::new("mixed").constant("x", 256 * KIB);
-    let mut prev = "x".to_string();
-    let size = |i: usize| [3u64 << 10, 17 << 10, 9 << 10, 25 << 10, 6 << 10, 600][i % 6] * KIB;
-    for i in 0..layers {
-        let a = format!("a{i}");
-        t = t.call("fwd", &[&prev], &a, size(i), 1_000 + 300 * (i as u64 % 3));
-        prev = a;
-    }
-    t = t.call("loss", &[&prev], "loss", KIB, 100).backward();
-    let mut grad = "loss".to_string();
-    for i in (0..layers).rev() {
-        let a = format!("a{i}");
-        let g = format!("g{i}");
-        t = t
-            .call("bwd", &[&grad, &a], &g, size(i), 2_000)
-            .release(&grad)
-            .release(&a);
-        grad = g;
-    }
-    t.release(&grad).build().expect("the step replays")
-}
-
 #[test]
 fn with_moves_free_the_arena_takes_the_logical_budgets_evictions() {
-    let trace = mixed_step(40);
+    let trace = mixed_step(40, forward_size);
     let config = reference();
     for ratio in [0.5, 0.4, 0.3] {
         let logical = replay(&trace, ratio, BudgetMode::Logical, &config);
@@ -83,7 +59,7 @@ fn with_moves_free_the_arena_takes_the_logical_budgets_evictions() {
 /// and what they cost is part of the step's overhead.
 #[test]
 fn charged_moves_are_part_of_the_online_steps_cost() {
-    let trace = mixed_step(40);
+    let trace = mixed_step(40, forward_size);
     let charged = reference().with_move_bandwidth(Some(1e6));
     let r = replay(&trace, 0.3, BudgetMode::Physical, &charged);
     let free = replay(&trace, 0.3, BudgetMode::Physical, &reference());
@@ -102,7 +78,7 @@ fn charged_moves_are_part_of_the_online_steps_cost() {
 #[test]
 fn without_it_the_caching_allocator_takes_other_evictions() {
     assert!(!DtrConfig::default().online_arena);
-    let trace = mixed_step(40);
+    let trace = mixed_step(40, forward_size);
     let off = reference().with_online_arena(false);
     let differs = [0.5, 0.4, 0.3].iter().any(|&ratio| {
         let logical = replay(&trace, ratio, BudgetMode::Logical, &off);

@@ -6,36 +6,15 @@
 
 use remat_dtr::replay::{replay_ratio_iterations, IterationRow, ReplayStatus};
 use remat_dtr::{BudgetMode, DtrConfig, PolicyKind};
-use remat_trace::{Trace, TraceBuilder};
+use remat_trace::Trace;
 
-const KIB: u64 = 1 << 10;
+mod mixed;
+use mixed::{mixed_step, KIB};
 
-/// A training step whose forward and backward allocate different sizes (so
-/// the segments cached at its end are cut for the backward's requests, not
-/// the forward's): a forward chain, a loss, a backward reading each
-/// activation in reverse.
-fn step(layers: usize) -> Trace {
-    let mut t = TraceBuilder::new("mixed").constant("x", 256 * KIB);
-    let mut prev = "x".to_string();
-    let fwd = |i: usize| [3u64 << 10, 17 << 10, 9 << 10, 25 << 10, 6 << 10, 600][i % 6] * KIB;
-    let bwd = |i: usize| [700u64, 11 << 10, 2 << 10, 5 << 10][i % 4] * KIB;
-    for i in 0..layers {
-        let a = format!("a{i}");
-        t = t.call("fwd", &[&prev], &a, fwd(i), 1_000 + 300 * (i as u64 % 3));
-        prev = a;
-    }
-    t = t.call("loss", &[&prev], "loss", KIB, 100).backward();
-    let mut grad = "loss".to_string();
-    for i in (0..layers).rev() {
-        let a = format!("a{i}");
-        let g = format!("g{i}");
-        t = t
-            .call("bwd", &[&grad, &a], &g, bwd(i), 2_000)
-            .release(&grad)
-            .release(&a);
-        grad = g;
-    }
-    t.release(&grad).build().expect("the step replays")
+/// Backward sizes unlike the forward's, so the segments cached at a step's
+/// end are cut for the backward's requests, not the forward's.
+fn backward_size(i: usize) -> u64 {
+    [700u64, 11 << 10, 2 << 10, 5 << 10][i % 4] * KIB
 }
 
 /// Three iterations, all online (plan-ahead off), under a physical budget.
@@ -67,7 +46,7 @@ fn figures(it: &IterationRow) -> (ReplayStatus, u64, u64, u64) {
 
 #[test]
 fn an_online_iteration_after_the_first_starts_from_an_empty_cache() {
-    let trace = step(40);
+    let trace = mixed_step(40, backward_size);
     let mut differs_without = 0;
     for ratio in [0.6, 0.5, 0.4, 0.3] {
         let with = online(&trace, ratio, true);
@@ -94,7 +73,7 @@ fn an_online_iteration_after_the_first_starts_from_an_empty_cache() {
 fn a_logical_budget_caches_nothing_to_release() {
     let config = DtrConfig::default().with_plan_ahead(false);
     let r = replay_ratio_iterations(
-        &step(20),
+        &mixed_step(20, backward_size),
         0.4,
         BudgetMode::Logical,
         PolicyKind::Remat,
