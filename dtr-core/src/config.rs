@@ -252,11 +252,9 @@ pub struct DtrConfig {
     /// regeneration whose own replays pass them keeps what it regenerates
     /// until it ends ([`crate::RuntimeStats::kept_regenerations`]). Off: the
     /// configured policy decides every eviction, and a regeneration releases
-    /// each input once its op has run. Measured trade-off (docs/dtr-results.md,
-    /// session 27): on GPT-2 and T5 traces the rescue engages only at the
-    /// step's end and makes its reads of the gradients 2–3× costlier (first
-    /// step at 40–50 % of the peak: 4.25–4.84× on, 2.48–2.90× off); on lstm at
-    /// 20–25 % it is what lets the first step finish.
+    /// each input once its op has run. Off trades lstm's lowest budgets for
+    /// cheaper first steps on GPT-2 and T5 (the figures: docs/dtr-results.md,
+    /// *Where gpt2's and t5_small's first steps pass 3×*).
     pub thrash_rescue: bool,
     /// The host tier: swap storages to host memory when a copy costs less
     /// than recomputing them (see [`crate::swap`]). Off by default.
