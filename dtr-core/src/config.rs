@@ -23,6 +23,7 @@
 //! | `release_at_boundary` | `on`/`off`: at each iteration boundary a caching-allocator budget gives back its cached free segments (PyTorch's `empty_cache`), so an iteration that runs online starts from the layout the first did (see [`DtrConfig::release_at_boundary`]) | `on` |
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
+//! | `online_hold_first` | `on`/`off`: an online step's regenerations hold their resident targets whose lineage is gone before replaying anything, as the planner's simulations always do (see [`DtrConfig::online_hold_first`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
@@ -291,6 +292,16 @@ pub struct DtrConfig {
     /// (197 without). Off by default (docs/dtr-results.md, *A regeneration's
     /// reads stamped at the request*).
     pub request_stamp: bool,
+    /// Online steps hold, at each regeneration, the resident targets whose
+    /// lineage is gone before replaying anything, as the planner's
+    /// simulations always do (the runtime's `hold_first`, in
+    /// `runtime/regen.rs`). Over six sampling seeds it takes GPT-2's first
+    /// step at 0.5 from 4.24–4.32× to 2.38–2.48× and T5's at 0.4 from
+    /// 4.57–5.73× to 1.85–1.97×, but lstm at 0.25 then thrashes in all six
+    /// (7.1–7.5× without) and treelstm at 0.3 finishes in one of six (four
+    /// without). Off by default (docs/dtr-results.md, *Resident targets held
+    /// first*).
+    pub online_hold_first: bool,
     /// At each iteration boundary, a physical (caching-allocator) budget
     /// gives its cached free segments back to the device, as
     /// `torch.cuda.empty_cache()` does; live blocks stay where they are. An
@@ -327,6 +338,7 @@ impl Default for DtrConfig {
             move_bandwidth: None,
             online_arena: false,
             request_stamp: false,
+            online_hold_first: false,
             release_at_boundary: true,
         }
     }
@@ -478,6 +490,13 @@ impl DtrConfig {
         self
     }
 
+    /// Hold a regeneration's resident targets whose lineage is gone first in
+    /// online steps too (see [`DtrConfig::online_hold_first`]).
+    pub fn with_online_hold_first(mut self, on: bool) -> Self {
+        self.online_hold_first = on;
+        self
+    }
+
     /// Give a caching-allocator budget's cached segments back at each
     /// iteration boundary, or keep them (see [`DtrConfig::release_at_boundary`]).
     pub fn with_release_at_boundary(mut self, on: bool) -> Self {
@@ -512,6 +531,7 @@ impl DtrConfig {
         "move_bandwidth",
         "online_arena",
         "request_stamp",
+        "online_hold_first",
         "release_at_boundary",
         "megengine_cost",
         "megengine_memory",
@@ -554,6 +574,7 @@ impl DtrConfig {
                 "thrash_rescue" => c.thrash_rescue = parse_switch(key, value)?,
                 "online_arena" => c.online_arena = parse_switch(key, value)?,
                 "request_stamp" => c.request_stamp = parse_switch(key, value)?,
+                "online_hold_first" => c.online_hold_first = parse_switch(key, value)?,
                 "release_at_boundary" => c.release_at_boundary = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
                 "swap_bandwidth" => {
@@ -729,7 +750,7 @@ mod tests {
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
              thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
-             release_at_boundary:off",
+             online_hold_first:on,release_at_boundary:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -745,6 +766,7 @@ mod tests {
         assert_eq!(DtrConfig::default().plan_restarts, 8);
         assert!(c.online_arena && !DtrConfig::default().online_arena);
         assert!(c.request_stamp && !DtrConfig::default().request_stamp);
+        assert!(c.online_hold_first && !DtrConfig::default().online_hold_first);
         assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }

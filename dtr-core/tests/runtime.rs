@@ -683,3 +683,82 @@ fn a_regeneration_stamps_what_it_reads_with_the_time_it_was_asked_for() {
     let ([a, b, c], _) = stamps_after_a_cascade(false);
     assert_eq!([a, b, c], [1_001.0, 1.0, 1.0]);
 }
+
+/// Evicts the candidate with the lowest storage id (the oldest), so a test
+/// can say which storage a decision takes.
+struct OldestFirst;
+
+impl EvictionPolicy for OldestFirst {
+    fn name(&self) -> &'static str {
+        "oldest-first"
+    }
+    fn whole_pool_up_to(&self) -> usize {
+        usize::MAX
+    }
+    fn choose(&mut self, view: &mut DecisionView<'_>, victims: &mut Vec<StorageId>) {
+        victims.extend(view.pool().iter().copied().min());
+    }
+}
+
+/// x (10 B, external); `b`, then `a` (100 B) from `a0` (100 B) from x when
+/// `deep`, else from x, then `d` (100 B each) from x; b (and a0) evicted. Then
+/// c = op(b, a) under a 220 B budget: replaying b needs 100 B, so a or d must
+/// go, and the policy takes the oldest, a, if it can. Returns the
+/// rematerializations of that op and whether a and d are resident after it.
+fn resident_target_beside_an_evicted_one(deep: bool, hold_first: bool) -> (u64, bool, bool) {
+    let config = DtrConfig::default()
+        .with_budget_mode(BudgetMode::Logical)
+        .with_sampling(false)
+        .with_online_hold_first(hold_first);
+    let mut rt: Runtime<u64> = Runtime::with_parts(
+        config,
+        Box::new(LogicalBudget::new(Some(220))),
+        Box::new(OldestFirst),
+    );
+    let x = rt.put(1, 10).unwrap();
+    let fresh = [OutputSpec::fresh(100)];
+    // b first: a regeneration takes an op's inputs in creation order, so b's
+    // replay comes before a's turn.
+    let b = rt.apply(op(3, 1), &[x], &fresh, 5).unwrap()[0];
+    let vb = *rt.access(b).unwrap();
+    assert!(rt.evict(b).unwrap());
+    let a = if deep {
+        let a0 = rt.apply(op(1, 1), &[x], &fresh, 5).unwrap()[0];
+        let a = rt.apply(op(2, 1), &[a0], &fresh, 5).unwrap()[0];
+        assert!(rt.evict(a0).unwrap());
+        a
+    } else {
+        rt.apply(op(2, 1), &[x], &fresh, 5).unwrap()[0]
+    };
+    let va = *rt.access(a).unwrap();
+    let d = rt.apply(op(4, 1), &[x], &fresh, 5).unwrap()[0];
+    let before = rt.stats().rematerializations;
+    let c = rt
+        .apply(op(5, 1), &[b, a], &[OutputSpec::fresh(10)], 5)
+        .unwrap()[0];
+    let remats = rt.stats().rematerializations - before;
+    let resident = (rt.is_resident(a).unwrap(), rt.is_resident(d).unwrap());
+    assert_eq!(*rt.access(c).unwrap(), mix(mix(mix(5, vb), va), 0));
+    assert_eq!(*rt.access(a).unwrap(), va);
+    rt.check_invariants().unwrap();
+    (remats, resident.0, resident.1)
+}
+
+#[test]
+fn a_regeneration_holds_a_resident_target_whose_lineage_is_gone_before_replaying() {
+    // a's input a0 is evicted: evicted to make room for b, a would need a0
+    // replayed too. Held first, it is no candidate: d goes, b alone is
+    // replayed.
+    let (remats, a, d) = resident_target_beside_an_evicted_one(true, true);
+    assert_eq!((remats, a, d), (1, true, false));
+    // Without `online_hold_first` (the default online; the planner's
+    // simulations always hold first), a waits for its turn, is evicted for
+    // b, and comes back with a0, which takes b's place in turn: four replays.
+    let (remats, a, _) = resident_target_beside_an_evicted_one(true, false);
+    assert_eq!((remats, a), (4, true));
+    // One replay from its resident input x, a stays a candidate until its
+    // turn even when held first: the policy takes it, and it is replayed
+    // after b (one op).
+    let (remats, a, _) = resident_target_beside_an_evicted_one(false, true);
+    assert_eq!((remats, a), (2, true));
+}
