@@ -160,9 +160,10 @@ impl<V> Runtime<V> {
     }
 
     /// Whether target `t` of a regeneration that replays is held before
-    /// anything is replayed, instead of when its turn comes: it is resident
-    /// and not one replay away from resident inputs (not recomputable, or an
-    /// input of its producer is evicted or swapped).
+    /// anything is replayed, instead of when its turn comes: it is resident,
+    /// recomputable, and an input of its producer is evicted or swapped (its
+    /// lineage is gone). A target that cannot be recomputed is no candidate
+    /// for recomputation anyway.
     ///
     /// Waiting for its turn, a resident target is an ordinary candidate while
     /// the other targets are replayed. Evicted to make room for them, it needs
@@ -171,12 +172,12 @@ impl<V> Runtime<V> {
     /// read beside an evicted activation, its lineage the backward so far:
     /// one regeneration replayed the forward three times, and none of the
     /// planner's learned schedules finished. Held, it costs no room it does
-    /// not take already. A target one replay from resident
-    /// inputs stays a candidate: losing it costs one op, which the policy
-    /// prices like any other, and holding it too keeps room from a long
-    /// regeneration of the others (measured: treelstm at 0.25 and lstm at 0.2
-    /// thrash when every resident target is held first). Only the order of
-    /// the holds changes; what the call holds when it returns does not.
+    /// not take already. A target one replay from resident inputs stays a
+    /// candidate: losing it costs one op, which the policy prices like any
+    /// other, and holding it too keeps room from a long regeneration of the
+    /// others (measured online: treelstm at 0.25 and lstm at 0.2 thrash when
+    /// every resident target is held first). Only the order of the holds
+    /// changes; what the call holds when it returns does not.
     fn hold_first(&self, t: StorageId) -> bool {
         let r = self.graph.st(t);
         if !r.is_resident() {
