@@ -19,6 +19,7 @@
 //! | `thrash_rescue` | `on`/`off`: an online iteration whose replays pass its computations finishes under `msps` (with plan-ahead; the boundary restores `policy`), and a regeneration whose own replays pass them keeps what it regenerates | `on` |
 //! | `swap` | `on`/`off`: swap storages to the host tier when a copy costs less than recomputing them, and non-recomputable ones (parameters, inputs) between uses ([`crate::swap`]) | `off` |
 //! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
+//! | `copy_ahead` | `on`/`off`: with swap on, an online step keeps the idle device-to-host engine copying the least recently used candidate to the host tier, so its later swap-out frees its memory at once; never changes which victim is taken; needs a transfer whose copies run beside compute ([`crate::swap`], *Copying ahead*) | `on` |
 //! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
 //! | `release_at_boundary` | `on`/`off`: at each iteration boundary a caching-allocator budget gives back its cached free segments (PyTorch's `empty_cache`), so an iteration that runs online starts from the layout the first did (see [`DtrConfig::release_at_boundary`]) | `on` |
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
@@ -528,6 +529,7 @@ impl DtrConfig {
         "swap",
         "swap_bandwidth",
         "host_budget",
+        "copy_ahead",
         "move_bandwidth",
         "online_arena",
         "request_stamp",
@@ -587,6 +589,7 @@ impl DtrConfig {
                     )
                 }
                 "host_budget" => c.swap.host_budget = parse_host_budget(key, value)?,
+                "copy_ahead" => c.swap.copy_ahead = parse_switch(key, value)?,
                 "move_bandwidth" => {
                     c.move_bandwidth = if value == "none" {
                         None
@@ -750,7 +753,7 @@ mod tests {
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
              thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
-             online_hold_first:on,release_at_boundary:off",
+             online_hold_first:on,release_at_boundary:off,copy_ahead:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -768,6 +771,7 @@ mod tests {
         assert!(c.request_stamp && !DtrConfig::default().request_stamp);
         assert!(c.online_hold_first && !DtrConfig::default().online_hold_first);
         assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
+        assert!(!c.swap.copy_ahead && DtrConfig::default().swap.copy_ahead);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }
 

@@ -78,6 +78,10 @@ pub(crate) struct StorageRec {
     /// The host tier holds a copy of its value: it is swapped, or resident
     /// with a clean copy (see [`crate::HostTransfer::values_immutable`]).
     pub host_copy: bool,
+    /// Its host copy was made ahead ([`crate::Runtime`]'s copy-ahead), not by
+    /// a swap: priced as two copies all the same, so copying ahead changes
+    /// when a victim's memory is free, never which victim is taken.
+    pub copied_ahead: bool,
 }
 
 impl StorageRec {
@@ -250,7 +254,11 @@ impl Graph {
     #[inline]
     pub(crate) fn swap_price(&self, s: StorageId) -> Option<f64> {
         let r = self.st(s);
-        let copies = if r.host_copy { 1.0 } else { 2.0 };
+        let copies = if r.host_copy && !r.copied_ahead {
+            1.0
+        } else {
+            2.0
+        };
         self.swap_ns_per_byte.map(|k| copies * r.bytes as f64 * k)
     }
 

@@ -88,6 +88,12 @@ pub struct RuntimeStats {
     /// Of [`RuntimeStats::swap_outs`]: storages whose clean host copy was
     /// still valid, so nothing was copied.
     pub clean_swap_outs: u64,
+    /// Storages an online step copied to the host tier ahead, while the
+    /// device-to-host engine was idle, keeping them resident
+    /// ([`crate::SwapConfig::copy_ahead`]); their bytes are in
+    /// [`RuntimeStats::swapped_out_bytes`], and a later swap-out of one is
+    /// clean.
+    pub copies_ahead: u64,
     /// Storages swapped back in.
     pub swap_ins: u64,
     /// Of [`RuntimeStats::swap_ins`]: copies a plan started ahead of the

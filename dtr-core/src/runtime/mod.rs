@@ -568,8 +568,13 @@ impl<V> Runtime<V> {
                 self.graph.ops[id.0].outputs.push(Some(s));
             }
             self.graph.offer(s);
+            self.note_use(s, now);
             fresh_ids.push(s);
         }
+        for &s in &unique {
+            self.note_use(s, now);
+        }
+        self.copy_ahead()?;
         let mut out = Vec::with_capacity(outputs.len());
         let mut next_fresh = 0;
         for spec in outputs {
@@ -707,6 +712,7 @@ impl<V> Runtime<V> {
             epoch: self.iter.epoch,
             swap_refused: false,
             host_copy: false,
+            copied_ahead: false,
         });
         let s = StorageId(idx);
         if self.graph.st(s).seq != NONE {

@@ -46,6 +46,14 @@ pub(super) struct HostTier<V> {
     /// Keep the host copy of a storage swapped back in (the adapter's values
     /// are immutable behind the runtime's back).
     pub keep_clean: bool,
+    /// Storages by last use, oldest first, as `(storage, last_used)`;
+    /// entries whose storage was used again since are stale.
+    pub lru: std::collections::VecDeque<(StorageId, f64)>,
+    /// The storage whose background copy is (or was last) in flight.
+    pub behind: Option<StorageId>,
+    /// Copy ahead in online steps ([`crate::SwapConfig::copy_ahead`], with a
+    /// transfer that keeps values clean and copies in the background).
+    pub copy_ahead: bool,
 }
 
 impl<V> HostTier<V> {
@@ -126,6 +134,7 @@ impl<V> Runtime<V> {
         self.config.check()?;
         let limit = swap.host_budget.and_then(|h| h.bytes(self.config.budget));
         let keep_clean = transfer.values_immutable();
+        let copy_ahead = swap.copy_ahead && keep_clean && transfer.copies_in_background();
         self.host = Some(HostTier {
             keep_clean,
             transfer,
@@ -136,6 +145,9 @@ impl<V> Runtime<V> {
             stall_marks: Vec::new(),
             base_stall_ns: 0.0,
             refused: Vec::new(),
+            lru: std::collections::VecDeque::new(),
+            behind: None,
+            copy_ahead,
         });
         self.graph.set_swap_price(Some(1.0 / gbps));
         Ok(())
@@ -241,6 +253,14 @@ impl<V> Runtime<V> {
         };
         if clean {
             self.stats.clean_swap_outs += 1;
+            // A copy made ahead may still be in flight.
+            let ready = tier.copied_at.get(i).copied().unwrap_or(0.0);
+            let stall = (ready - wall).max(0.0);
+            if stall > 0.0 {
+                self.stats.stall_ns += stall;
+                tier.mark_stall(self.graph.clock, self.stats.stall_ns);
+            }
+            dead_at = dead_at.max(ready);
         } else {
             let value = self.values[i]
                 .as_ref()
@@ -268,8 +288,13 @@ impl<V> Runtime<V> {
             if tier.copied_at.len() <= i {
                 tier.copied_at.resize(i + 1, 0.0);
             }
-            // The copy completes when the engine is next free.
-            tier.copied_at[i] = tier.engines.d2h_free_at;
+            tier.copied_at[i] = tier.engines.last_out_done;
+            // A background copy it delayed completes later.
+            if let (Some(b), Some(done)) = (tier.behind, tier.engines.behind) {
+                if let Some(at) = tier.copied_at.get_mut(b.0 as usize) {
+                    *at = done;
+                }
+            }
             dead_at = dead_at.max(tier.copied_at[i]);
             self.stats.stall_ns += stall;
             tier.mark_stall(self.graph.clock, self.stats.stall_ns);
@@ -282,6 +307,7 @@ impl<V> Runtime<V> {
         let slot = r.slot.take();
         r.residency = Residency::Swapped;
         r.host_copy = true;
+        r.copied_ahead = false;
         self.values[i] = None;
         self.stats.live_bytes -= bytes;
         self.stats.swap_outs += 1;
@@ -293,6 +319,98 @@ impl<V> Runtime<V> {
         }
         tracing::trace!(target: "remat_dtr::swap", storage = s.0, bytes, clean, "swap out");
         Ok(true)
+    }
+
+    /// Whether this step copies ahead: online (a plan, and its simulation,
+    /// start each swap-out's copy at the storage's last use) with a tier
+    /// that may ([`HostTier::copy_ahead`]).
+    fn copying_ahead(&self) -> bool {
+        let f = &self.iter.follower;
+        !f.following && f.plan_log.is_none() && self.host.as_ref().is_some_and(|t| t.copy_ahead)
+    }
+
+    /// Note a use of `s` at compute clock `at` for [`Runtime::copy_ahead`].
+    pub(super) fn note_use(&mut self, s: StorageId, at: f64) {
+        if !self.copying_ahead() {
+            return;
+        }
+        let live = self.graph.storages.len();
+        let Some(tier) = self.host.as_mut() else {
+            return;
+        };
+        tier.lru.push_back((s, at));
+        // Stale entries (used again since, freed) are dropped at the front;
+        // compact when they pile up behind a long-lived one.
+        if tier.lru.len() > 4 * live + 1024 {
+            let storages = &self.graph.storages;
+            tier.lru
+                .retain(|&(s, at)| storages.get(s.0).is_some_and(|r| r.last_used == at));
+        }
+    }
+
+    /// Online, with the device-to-host engine idle: copy the least recently
+    /// used resident candidate without a host copy to the host tier, keeping
+    /// it resident (a clean copy). Its later swap-out then frees its memory
+    /// at once instead of stalling for the copy ([`crate::swap`], *Copying
+    /// ahead*). A copy that fails is dropped: the value stays resident, as
+    /// it was.
+    pub(super) fn copy_ahead(&mut self) -> Result<()> {
+        if !self.copying_ahead() {
+            return Ok(());
+        }
+        let wall = self.copy_clock_ns();
+        let Some(tier) = self.host.as_mut() else {
+            return Ok(());
+        };
+        if !tier.copy_ahead || tier.engines.d2h_free_at > wall {
+            return Ok(());
+        }
+        let limit = tier.limit;
+        while let Some((s, at)) = tier.lru.pop_front() {
+            let Some(r) = self.graph.storages.get(s.0) else {
+                continue;
+            };
+            if r.last_used != at
+                || r.host_copy
+                || !r.is_resident()
+                || r.cand_pos == crate::graph::NONE
+            {
+                continue;
+            }
+            let bytes = r.bytes;
+            if limit.is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l) {
+                tier.lru.push_front((s, at));
+                return Ok(());
+            }
+            let i = s.0 as usize;
+            let Some(value) = self.values[i].as_ref() else {
+                continue;
+            };
+            let Ok(copy) = tier.transfer.to_host(value, bytes) else {
+                self.stats.swap_failures += 1;
+                return Ok(());
+            };
+            if tier.copies.len() <= i {
+                tier.copies.resize_with(i + 1, || None);
+            }
+            tier.copies[i] = Some(copy);
+            let done = tier.engines.copy_behind(wall, bytes);
+            if tier.copied_at.len() <= i {
+                tier.copied_at.resize(i + 1, 0.0);
+            }
+            tier.copied_at[i] = done;
+            tier.behind = Some(s);
+            self.stats.swapped_out_bytes += bytes;
+            self.stats.host_bytes += bytes;
+            self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+            self.stats.copies_ahead += 1;
+            // Priced as before (two copies): see `StorageRec::copied_ahead`.
+            let r = self.graph.st_mut(s);
+            r.host_copy = true;
+            r.copied_ahead = true;
+            return Ok(());
+        }
+        Ok(())
     }
 
     /// Drop the clean host copies of resident storages until `bytes` more
@@ -325,6 +443,7 @@ impl<V> Runtime<V> {
         self.drop_host_copy(s, bytes);
         if let Some(r) = self.graph.storages.get_mut(s.0) {
             r.host_copy = false;
+            r.copied_ahead = false;
         }
         if self.graph.st(s).cand_pos != crate::graph::NONE {
             self.graph.withdraw(s);
