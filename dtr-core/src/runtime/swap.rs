@@ -57,6 +57,19 @@ pub(super) struct HostTier<V> {
 }
 
 impl<V> HostTier<V> {
+    /// Keep `copy` as storage `i`'s host copy, complete at `done` (wall
+    /// clock, ns).
+    fn keep_copy(&mut self, i: usize, copy: HostValue, done: f64) {
+        if self.copies.len() <= i {
+            self.copies.resize_with(i + 1, || None);
+        }
+        self.copies[i] = Some(copy);
+        if self.copied_at.len() <= i {
+            self.copied_at.resize(i + 1, 0.0);
+        }
+        self.copied_at[i] = done;
+    }
+
     /// Note the stalls so far after one at compute clock `clock`.
     fn mark_stall(&mut self, clock: f64, total: f64) {
         if self.stall_marks.last().is_none_or(|&(_, t)| t < total) {
@@ -273,10 +286,6 @@ impl<V> Runtime<V> {
                     return Ok(false);
                 }
             };
-            if tier.copies.len() <= i {
-                tier.copies.resize_with(i + 1, || None);
-            }
-            tier.copies[i] = Some(copy);
             // A plan (and its simulation) knows at the storage's last use that
             // it will swap it: the copy could start then. Online, only now.
             let planned = self.iter.follower.following || self.iter.follower.plan_log.is_some();
@@ -285,10 +294,7 @@ impl<V> Runtime<V> {
             } else {
                 tier.engines.swap_out_now(wall, bytes)
             };
-            if tier.copied_at.len() <= i {
-                tier.copied_at.resize(i + 1, 0.0);
-            }
-            tier.copied_at[i] = tier.engines.last_out_done;
+            tier.keep_copy(i, copy, tier.engines.last_out_done);
             // A background copy it delayed completes later.
             if let (Some(b), Some(done)) = (tier.behind, tier.engines.behind) {
                 if let Some(at) = tier.copied_at.get_mut(b.0 as usize) {
@@ -362,7 +368,7 @@ impl<V> Runtime<V> {
         let Some(tier) = self.host.as_mut() else {
             return Ok(());
         };
-        if !tier.copy_ahead || tier.engines.d2h_free_at > wall {
+        if tier.engines.d2h_free_at > wall {
             return Ok(());
         }
         let limit = tier.limit;
@@ -390,15 +396,8 @@ impl<V> Runtime<V> {
                 self.stats.swap_failures += 1;
                 return Ok(());
             };
-            if tier.copies.len() <= i {
-                tier.copies.resize_with(i + 1, || None);
-            }
-            tier.copies[i] = Some(copy);
             let done = tier.engines.copy_behind(wall, bytes);
-            if tier.copied_at.len() <= i {
-                tier.copied_at.resize(i + 1, 0.0);
-            }
-            tier.copied_at[i] = done;
+            tier.keep_copy(i, copy, done);
             tier.behind = Some(s);
             self.stats.swapped_out_bytes += bytes;
             self.stats.host_bytes += bytes;
