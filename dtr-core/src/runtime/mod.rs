@@ -568,13 +568,9 @@ impl<V> Runtime<V> {
                 self.graph.ops[id.0].outputs.push(Some(s));
             }
             self.graph.offer(s);
-            self.note_use(s, now);
             fresh_ids.push(s);
         }
-        for &s in &unique {
-            self.note_use(s, now);
-        }
-        self.copy_ahead()?;
+        self.copy_ahead(&fresh_ids, &unique, now);
         let mut out = Vec::with_capacity(outputs.len());
         let mut next_fresh = 0;
         for spec in outputs {

@@ -335,8 +335,14 @@ impl<V> Runtime<V> {
         !f.following && f.plan_log.is_none() && self.host.as_ref().is_some_and(|t| t.copy_ahead)
     }
 
-    /// Note a use of `s` at compute clock `at` for [`Runtime::copy_ahead`].
-    pub(super) fn note_use(&mut self, s: StorageId, at: f64) {
+    /// After an op that ended at compute clock `at`, wrote `fresh` and read
+    /// `read`: note those uses, then, with the device-to-host engine idle,
+    /// copy the least recently used resident candidate without a host copy
+    /// to the host tier, keeping it resident (a clean copy). Its later
+    /// swap-out then frees its memory at once instead of stalling for the
+    /// copy ([`crate::swap`], *Copying ahead*). A copy that fails is
+    /// dropped: the value stays resident, as it was. Online steps only.
+    pub(super) fn copy_ahead(&mut self, fresh: &[StorageId], read: &[StorageId], at: f64) {
         if !self.copying_ahead() {
             return;
         }
@@ -344,7 +350,7 @@ impl<V> Runtime<V> {
         let Some(tier) = self.host.as_mut() else {
             return;
         };
-        tier.lru.push_back((s, at));
+        tier.lru.extend(fresh.iter().chain(read).map(|&s| (s, at)));
         // Stale entries (used again since, freed) are dropped at the front;
         // compact when they pile up behind a long-lived one.
         if tier.lru.len() > 4 * live + 1024 {
@@ -352,24 +358,12 @@ impl<V> Runtime<V> {
             tier.lru
                 .retain(|&(s, at)| storages.get(s.0).is_some_and(|r| r.last_used == at));
         }
-    }
-
-    /// Online, with the device-to-host engine idle: copy the least recently
-    /// used resident candidate without a host copy to the host tier, keeping
-    /// it resident (a clean copy). Its later swap-out then frees its memory
-    /// at once instead of stalling for the copy ([`crate::swap`], *Copying
-    /// ahead*). A copy that fails is dropped: the value stays resident, as
-    /// it was.
-    pub(super) fn copy_ahead(&mut self) -> Result<()> {
-        if !self.copying_ahead() {
-            return Ok(());
-        }
         let wall = self.copy_clock_ns();
         let Some(tier) = self.host.as_mut() else {
-            return Ok(());
+            return;
         };
         if tier.engines.d2h_free_at > wall {
-            return Ok(());
+            return;
         }
         let limit = tier.limit;
         while let Some((s, at)) = tier.lru.pop_front() {
@@ -386,7 +380,7 @@ impl<V> Runtime<V> {
             let bytes = r.bytes;
             if limit.is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l) {
                 tier.lru.push_front((s, at));
-                return Ok(());
+                return;
             }
             let i = s.0 as usize;
             let Some(value) = self.values[i].as_ref() else {
@@ -394,7 +388,7 @@ impl<V> Runtime<V> {
             };
             let Ok(copy) = tier.transfer.to_host(value, bytes) else {
                 self.stats.swap_failures += 1;
-                return Ok(());
+                return;
             };
             let done = tier.engines.copy_behind(wall, bytes);
             tier.keep_copy(i, copy, done);
@@ -407,9 +401,8 @@ impl<V> Runtime<V> {
             let r = self.graph.st_mut(s);
             r.host_copy = true;
             r.copied_ahead = true;
-            return Ok(());
+            return;
         }
-        Ok(())
     }
 
     /// Drop the clean host copies of resident storages until `bytes` more
