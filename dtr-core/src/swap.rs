@@ -45,10 +45,13 @@
 //! compute on copies in its first step, about half of it on copies out
 //! (1.45 GB of them). With
 //! [`SwapConfig::copy_ahead`] (on by default) the runtime keeps the idle
-//! device-to-host engine busy copying the least recently used candidate
-//! without a host copy, which stays resident with a clean copy. A later
-//! swap-out of it frees its memory at once, or once the rest of its copy
-//! completes. Two rules keep this from costing anything:
+//! device-to-host engine busy copying a candidate without a host copy,
+//! which stays resident with a clean copy: among the least recently used,
+//! the first that would be *swapped* were it the victim now, since one
+//! cheaper to replay would be evicted for recomputation and its copy wasted
+//! (the oldest when none of them would). A later swap-out of it frees its
+//! memory at once, or once the rest of its copy completes. Two rules keep
+//! this from costing anything:
 //!
 //! - it never changes which victim is taken: a copy made ahead is priced as
 //!   the two copies it would cost without it

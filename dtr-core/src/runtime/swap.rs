@@ -19,6 +19,10 @@ use crate::swap::{CopyEngines, HostTransfer, HostValue};
 /// Evicted ancestors visited to price a regeneration against a swap.
 pub(super) const REGEN_PRICE_NODES: usize = 256;
 
+/// Most candidates a copy ahead looks at, oldest first, for one that would
+/// be swapped rather than evicted for recomputation (a work bound per op).
+const SKIP_AHEAD: usize = 64;
+
 /// The runtime's host tier: the adapter's copies, the copy engines' time
 /// model and the host copies by storage index.
 pub(super) struct HostTier<V> {
@@ -337,11 +341,14 @@ impl<V> Runtime<V> {
 
     /// After an op that ended at compute clock `at`, wrote `fresh` and read
     /// `read`: note those uses, then, with the device-to-host engine idle,
-    /// copy the least recently used resident candidate without a host copy
-    /// to the host tier, keeping it resident (a clean copy). Its later
-    /// swap-out then frees its memory at once instead of stalling for the
-    /// copy ([`crate::swap`], *Copying ahead*). A copy that fails is
-    /// dropped: the value stays resident, as it was. Online steps only.
+    /// copy a resident candidate without a host copy to the host tier,
+    /// keeping it resident (a clean copy): of the [`SKIP_AHEAD`] least
+    /// recently used, the first that would be swapped were it the victim now
+    /// ([`crate::graph::Graph::prefers_swap`] at its regeneration cost), or
+    /// the oldest when none would. Its later swap-out then frees its memory
+    /// at once instead of stalling for the copy ([`crate::swap`], *Copying
+    /// ahead*). A copy that fails is dropped: the value stays resident, as it
+    /// was. Online steps only.
     pub(super) fn copy_ahead(&mut self, fresh: &[StorageId], read: &[StorageId], at: f64) {
         if !self.copying_ahead() {
             return;
@@ -366,6 +373,8 @@ impl<V> Runtime<V> {
             return;
         }
         let limit = tier.limit;
+        let mut skipped = Vec::new();
+        let mut chosen = None;
         while let Some((s, at)) = tier.lru.pop_front() {
             let Some(r) = self.graph.storages.get(s.0) else {
                 continue;
@@ -377,32 +386,53 @@ impl<V> Runtime<V> {
             {
                 continue;
             }
-            let bytes = r.bytes;
-            if limit.is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l) {
-                tier.lru.push_front((s, at));
-                return;
+            // Copy what would be swapped if it were the victim now: a
+            // storage cheaper to replay is evicted, and its copy wasted.
+            let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
+            if self.graph.prefers_swap(s, replay) {
+                chosen = Some((s, at));
+                break;
             }
-            let i = s.0 as usize;
-            let Some(value) = self.values[i].as_ref() else {
-                continue;
-            };
-            let Ok(copy) = tier.transfer.to_host(value, bytes) else {
-                self.stats.swap_failures += 1;
-                return;
-            };
-            let done = tier.engines.copy_behind(wall, bytes);
-            tier.keep_copy(i, copy, done);
-            tier.behind = Some(s);
-            self.stats.swapped_out_bytes += bytes;
-            self.stats.host_bytes += bytes;
-            self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
-            self.stats.copies_ahead += 1;
-            // Priced as before (two copies): see `StorageRec::copied_ahead`.
-            let r = self.graph.st_mut(s);
-            r.host_copy = true;
-            r.copied_ahead = true;
+            skipped.push((s, at));
+            if skipped.len() == SKIP_AHEAD {
+                break;
+            }
+        }
+        if chosen.is_none() && !skipped.is_empty() {
+            // None of them would be swapped now: the oldest, as it may be
+            // later (its evicted neighbourhood grows).
+            chosen = Some(skipped.remove(0));
+        }
+        for &e in skipped.iter().rev() {
+            tier.lru.push_front(e);
+        }
+        let Some((s, at)) = chosen else {
+            return;
+        };
+        let bytes = self.graph.st(s).bytes;
+        if limit.is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l) {
+            tier.lru.push_front((s, at));
             return;
         }
+        let i = s.0 as usize;
+        let Some(value) = self.values[i].as_ref() else {
+            return;
+        };
+        let Ok(copy) = tier.transfer.to_host(value, bytes) else {
+            self.stats.swap_failures += 1;
+            return;
+        };
+        let done = tier.engines.copy_behind(wall, bytes);
+        tier.keep_copy(i, copy, done);
+        tier.behind = Some(s);
+        self.stats.swapped_out_bytes += bytes;
+        self.stats.host_bytes += bytes;
+        self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
+        self.stats.copies_ahead += 1;
+        // Priced as before (two copies): see `StorageRec::copied_ahead`.
+        let r = self.graph.st_mut(s);
+        r.host_copy = true;
+        r.copied_ahead = true;
     }
 
     /// Drop the clean host copies of resident storages until `bytes` more
