@@ -6,7 +6,7 @@
 //! overhead at each budget.
 //!
 //! ```text
-//! cargo run --release -p remat-burn --example advise -- --out tinynet.log
+//! cargo run --release -p remat-burn --example burn_advise -- --out tinynet.log
 //! remat advise tinynet.log --svg tinynet.svg    # the same curve, with a chart
 //! ```
 //!
