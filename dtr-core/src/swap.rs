@@ -86,8 +86,8 @@ pub struct SwapConfig {
     pub bandwidth_gbps: Option<f64>,
     /// The most bytes the host tier may hold; `None` is unbounded.
     pub host_budget: Option<HostBudget>,
-    /// In an online step, keep the idle device-to-host engine copying the
-    /// least recently used candidate to the host tier, so that a later
+    /// In an online step, keep the idle device-to-host engine copying an old
+    /// candidate that would be swapped if taken to the host tier, so that a later
     /// swap-out of it frees its memory without waiting for its copy
     /// (`copy_ahead`, on by default). It needs a transfer whose copies run
     /// beside compute and whose values change only through the runtime
