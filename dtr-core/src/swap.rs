@@ -49,9 +49,10 @@
 //! which stays resident with a clean copy: among the least recently used,
 //! the first that would be *swapped* were it the victim now, since one
 //! cheaper to replay would be evicted for recomputation and its copy wasted
-//! (the oldest when none of them would). A later swap-out of it frees its
-//! memory at once, or once the rest of its copy completes. Two rules keep
-//! this from costing anything:
+//! (the oldest when none of them would); at the end of each op it queues
+//! such copies until the engine is busy for as long again as the op took.
+//! A later swap-out of one frees its memory at once, or once the rest of
+//! its copy completes. Two rules keep this from costing anything:
 //!
 //! - it never changes which victim is taken: a copy made ahead is priced as
 //!   the two copies it would cost without it
@@ -59,8 +60,8 @@
 //!   before and makes the same choices;
 //! - a background copy yields to one whose memory is needed: it is issued
 //!   in chunks on a low-priority stream, so an urgent copy waits at most a
-//!   chunk (not modelled) and the background copy completes that much
-//!   later ([`CopyEngines::swap_out_now`]).
+//!   chunk (not modelled) and the background copies in flight complete
+//!   that much later ([`CopyEngines::swap_out_now`]).
 //!
 //! So each swap-out waits at most what it waited without copies ahead, and
 //! an online step with them costs at most what it costs without, up to the
@@ -258,8 +259,8 @@ pub struct CopyEngines {
     pub d2h_free_at: f64,
     /// When the host-to-device engine is next free.
     pub h2d_free_at: f64,
-    /// When the copy made ahead in the background ([`Self::copy_behind`])
-    /// completes, while one is in flight.
+    /// When the last of the copies made ahead in the background
+    /// ([`Self::copy_behind`]) completes, while one is in flight.
     pub behind: Option<f64>,
     /// When the device-to-host copies whose memory was needed complete.
     pub urgent_free_at: f64,

@@ -468,6 +468,25 @@ fn a_copy_ahead_passes_over_what_would_be_recomputed() {
 }
 
 #[test]
+fn a_long_op_keeps_the_engine_copying_ahead_through_it() {
+    // Three parameters of 100 B at 1 GB/s (100 ns a copy) read by one op of
+    // 250 ns: the engine is kept busy for as long again as the op took, so
+    // all three are copied ahead at its end (the last issued 200 ns in), not
+    // one. The op's 600 B output costs less to replay (250 ns) than to swap
+    // (1 200 ns): passed over.
+    let (mut rt, faults) = runtime_copying(config(1000, Some(1.0)), true, true);
+    let ps: Vec<TensorId> = (0..3).map(|k| rt.put(40 + k, 100).unwrap()).collect();
+    let y = rt
+        .apply(op(5, 1), &ps, &[OutputSpec::fresh(600)], 250)
+        .unwrap()[0];
+    assert_eq!(rt.stats().copies_ahead, 3);
+    assert_eq!(faults.lock().unwrap().copied, vec![40, 41, 42]);
+    let expected = mix(mix(mix(mix(5, 40), 41), 42), 0);
+    assert_eq!(*rt.access(y).unwrap(), expected);
+    rt.check_invariants().unwrap();
+}
+
+#[test]
 fn a_full_host_budget_drops_clean_copies_before_refusing() {
     let c = config(300, Some(24.0)).with_host_budget(Some(HostBudget::Bytes(300)));
     let (mut rt, _) = runtime_with(c, true);

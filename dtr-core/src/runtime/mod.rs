@@ -570,7 +570,7 @@ impl<V> Runtime<V> {
             self.graph.offer(s);
             fresh_ids.push(s);
         }
-        self.copy_ahead(&fresh_ids, &unique, now);
+        self.copy_ahead(&fresh_ids, &unique, now, cost_ns as f64);
         let mut out = Vec::with_capacity(outputs.len());
         let mut next_fresh = 0;
         for spec in outputs {

@@ -20,7 +20,8 @@ use crate::swap::{CopyEngines, HostTransfer, HostValue};
 pub(super) const REGEN_PRICE_NODES: usize = 256;
 
 /// Most candidates a copy ahead looks at, oldest first, for one that would
-/// be swapped rather than evicted for recomputation (a work bound per op).
+/// be swapped rather than evicted for recomputation, and most copies ahead
+/// queued after one op (work bounds, not tuned).
 const SKIP_AHEAD: usize = 64;
 
 /// The runtime's host tier: the adapter's copies, the copy engines' time
@@ -53,8 +54,8 @@ pub(super) struct HostTier<V> {
     /// Storages by last use, oldest first, as `(storage, last_used)`;
     /// entries whose storage was used again since are stale.
     pub lru: std::collections::VecDeque<(StorageId, f64)>,
-    /// The storage whose background copy is (or was last) in flight.
-    pub behind: Option<StorageId>,
+    /// The storages whose background copies may be in flight, in issue order.
+    pub behind: Vec<StorageId>,
     /// Copy ahead in online steps ([`crate::SwapConfig::copy_ahead`], with a
     /// transfer that keeps values clean and copies in the background).
     pub copy_ahead: bool,
@@ -163,7 +164,7 @@ impl<V> Runtime<V> {
             base_stall_ns: 0.0,
             refused: Vec::new(),
             lru: std::collections::VecDeque::new(),
-            behind: None,
+            behind: Vec::new(),
             copy_ahead,
         });
         self.graph.set_swap_price(Some(1.0 / gbps));
@@ -293,16 +294,22 @@ impl<V> Runtime<V> {
             // A plan (and its simulation) knows at the storage's last use that
             // it will swap it: the copy could start then. Online, only now.
             let planned = self.iter.follower.following || self.iter.follower.plan_log.is_some();
+            let before = tier.engines.behind;
             let stall = if planned {
                 tier.engines.swap_out_ahead(dead_at, wall, bytes)
             } else {
                 tier.engines.swap_out_now(wall, bytes)
             };
             tier.keep_copy(i, copy, tier.engines.last_out_done);
-            // A background copy it delayed completes later.
-            if let (Some(b), Some(done)) = (tier.behind, tier.engines.behind) {
-                if let Some(at) = tier.copied_at.get_mut(b.0 as usize) {
-                    *at = done;
+            // The background copies it delayed complete that much later.
+            if let (Some(b0), Some(b1)) = (before, tier.engines.behind) {
+                let delay = b1 - b0;
+                for b in &tier.behind {
+                    if let Some(at) = tier.copied_at.get_mut(b.0 as usize) {
+                        if *at > wall {
+                            *at += delay;
+                        }
+                    }
                 }
             }
             dead_at = dead_at.max(tier.copied_at[i]);
@@ -339,17 +346,25 @@ impl<V> Runtime<V> {
         !f.following && f.plan_log.is_none() && self.host.as_ref().is_some_and(|t| t.copy_ahead)
     }
 
-    /// After an op that ended at compute clock `at`, wrote `fresh` and read
-    /// `read`: note those uses, then, with the device-to-host engine idle,
-    /// copy a resident candidate without a host copy to the host tier,
-    /// keeping it resident (a clean copy): of the [`SKIP_AHEAD`] least
-    /// recently used, the first that would be swapped were it the victim now
+    /// After an op that ended at compute clock `at`, took `horizon` ns,
+    /// wrote `fresh` and read `read`: note those uses, then copy resident
+    /// candidates without a host copy to the host tier, keeping them
+    /// resident (clean copies), until the device-to-host engine is busy for
+    /// `horizon` more ns (the guess at the next op's length; at most
+    /// [`SKIP_AHEAD`] copies). Each is, of the [`SKIP_AHEAD`] least recently
+    /// used, the first that would be swapped were it the victim now
     /// ([`crate::graph::Graph::prefers_swap`] at its regeneration cost), or
-    /// the oldest when none would. Its later swap-out then frees its memory
-    /// at once instead of stalling for the copy ([`crate::swap`], *Copying
-    /// ahead*). A copy that fails is dropped: the value stays resident, as it
-    /// was. Online steps only.
-    pub(super) fn copy_ahead(&mut self, fresh: &[StorageId], read: &[StorageId], at: f64) {
+    /// the oldest when none would. A later swap-out of one then frees its
+    /// memory at once instead of stalling for the copy ([`crate::swap`],
+    /// *Copying ahead*). A copy that fails is dropped: the value stays
+    /// resident, as it was. Online steps only.
+    pub(super) fn copy_ahead(
+        &mut self,
+        fresh: &[StorageId],
+        read: &[StorageId],
+        at: f64,
+        horizon: f64,
+    ) {
         if !self.copying_ahead() {
             return;
         }
@@ -366,12 +381,30 @@ impl<V> Runtime<V> {
                 .retain(|&(s, at)| storages.get(s.0).is_some_and(|r| r.last_used == at));
         }
         let wall = self.copy_clock_ns();
-        let Some(tier) = self.host.as_mut() else {
-            return;
-        };
-        if tier.engines.d2h_free_at > wall {
-            return;
+        if let Some(tier) = self.host.as_mut() {
+            let copied_at = &tier.copied_at;
+            tier.behind
+                .retain(|b| copied_at.get(b.0 as usize).is_some_and(|&at| at > wall));
         }
+        // Keep the engine busy for as long again as this op took, the guess
+        // at the next op's length.
+        for _ in 0..SKIP_AHEAD {
+            let busy = self
+                .host
+                .as_ref()
+                .map_or(f64::INFINITY, |t| t.engines.d2h_free_at);
+            if busy > wall + horizon.max(0.0) || !self.copy_one_ahead(wall) {
+                return;
+            }
+        }
+    }
+
+    /// One copy ahead issued at wall clock `wall` (see
+    /// [`Runtime::copy_ahead`]); `false` when none was made.
+    fn copy_one_ahead(&mut self, wall: f64) -> bool {
+        let Some(tier) = self.host.as_mut() else {
+            return false;
+        };
         let limit = tier.limit;
         let mut skipped = Vec::new();
         let mut chosen = None;
@@ -407,24 +440,24 @@ impl<V> Runtime<V> {
             tier.lru.push_front(e);
         }
         let Some((s, at)) = chosen else {
-            return;
+            return false;
         };
         let bytes = self.graph.st(s).bytes;
         if limit.is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l) {
             tier.lru.push_front((s, at));
-            return;
+            return false;
         }
         let i = s.0 as usize;
         let Some(value) = self.values[i].as_ref() else {
-            return;
+            return false;
         };
         let Ok(copy) = tier.transfer.to_host(value, bytes) else {
             self.stats.swap_failures += 1;
-            return;
+            return false;
         };
         let done = tier.engines.copy_behind(wall, bytes);
         tier.keep_copy(i, copy, done);
-        tier.behind = Some(s);
+        tier.behind.push(s);
         self.stats.swapped_out_bytes += bytes;
         self.stats.host_bytes += bytes;
         self.stats.peak_host_bytes = self.stats.peak_host_bytes.max(self.stats.host_bytes);
@@ -433,6 +466,7 @@ impl<V> Runtime<V> {
         let r = self.graph.st_mut(s);
         r.host_copy = true;
         r.copied_ahead = true;
+        true
     }
 
     /// Drop the clean host copies of resident storages until `bytes` more
