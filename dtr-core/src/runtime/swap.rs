@@ -304,7 +304,9 @@ impl<V> Runtime<V> {
             // The background copies it delayed complete that much later.
             if let (Some(b0), Some(b1)) = (before, tier.engines.behind) {
                 let delay = b1 - b0;
-                for b in &tier.behind {
+                // Not this storage: a clean copy of it in flight was dropped
+                // (host budget), and this copy is its own.
+                for b in tier.behind.iter().filter(|&&b| b != s) {
                     if let Some(at) = tier.copied_at.get_mut(b.0 as usize) {
                         if *at > wall {
                             *at += delay;
