@@ -389,28 +389,50 @@ impl<V> Runtime<V> {
                 .retain(|b| copied_at.get(b.0 as usize).is_some_and(|&at| at > wall));
         }
         // Keep the engine busy for as long again as this op took, the guess
-        // at the next op's length.
+        // at the next op's length. One pass over the oldest candidates: the
+        // ones passed over stay passed over (copying ahead changes no price).
+        let mut skipped = Vec::new();
         for _ in 0..SKIP_AHEAD {
             let busy = self
                 .host
                 .as_ref()
                 .map_or(f64::INFINITY, |t| t.engines.d2h_free_at);
-            if busy > wall + horizon.max(0.0) || !self.copy_one_ahead(wall) {
-                return;
+            if busy > wall + horizon.max(0.0) {
+                break;
+            }
+            let Some(next) = self.next_to_copy_ahead(&mut skipped) else {
+                break;
+            };
+            match self.copy_one_ahead(next, wall) {
+                Some(true) => {}
+                Some(false) => break,
+                None => {
+                    // The host budget is full: it stays first in line.
+                    skipped.insert(0, next);
+                    break;
+                }
+            }
+        }
+        if let Some(tier) = self.host.as_mut() {
+            for &e in skipped.iter().rev() {
+                tier.lru.push_front(e);
             }
         }
     }
 
-    /// One copy ahead issued at wall clock `wall` (see
-    /// [`Runtime::copy_ahead`]); `false` when none was made.
-    fn copy_one_ahead(&mut self, wall: f64) -> bool {
-        let Some(tier) = self.host.as_mut() else {
-            return false;
-        };
-        let limit = tier.limit;
-        let mut skipped = Vec::new();
-        let mut chosen = None;
-        while let Some((s, at)) = tier.lru.pop_front() {
+    /// The next storage to copy ahead, taken from the least recently used
+    /// (see [`Runtime::copy_ahead`]): the first that would be swapped were
+    /// it the victim now, looking at most [`SKIP_AHEAD`] past (`skipped`,
+    /// oldest first, for the caller to put back), else the oldest of those.
+    fn next_to_copy_ahead(
+        &mut self,
+        skipped: &mut Vec<(StorageId, f64)>,
+    ) -> Option<(StorageId, f64)> {
+        let tier = self.host.as_mut()?;
+        while skipped.len() < SKIP_AHEAD {
+            let Some((s, at)) = tier.lru.pop_front() else {
+                break;
+            };
             let Some(r) = self.graph.storages.get(s.0) else {
                 continue;
             };
@@ -425,37 +447,34 @@ impl<V> Runtime<V> {
             // storage cheaper to replay is evicted, and its copy wasted.
             let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
             if self.graph.prefers_swap(s, replay) {
-                chosen = Some((s, at));
-                break;
+                return Some((s, at));
             }
             skipped.push((s, at));
-            if skipped.len() == SKIP_AHEAD {
-                break;
-            }
         }
-        if chosen.is_none() && !skipped.is_empty() {
-            // None of them would be swapped now: the oldest, as it may be
-            // later (its evicted neighbourhood grows).
-            chosen = Some(skipped.remove(0));
-        }
-        for &e in skipped.iter().rev() {
-            tier.lru.push_front(e);
-        }
-        let Some((s, at)) = chosen else {
-            return false;
-        };
+        // None of them would be swapped now: the oldest, as it may be later
+        // (its evicted neighbourhood grows).
+        (!skipped.is_empty()).then(|| skipped.remove(0))
+    }
+
+    /// Copy `(s, at)` ahead, issued at wall clock `wall`: `Some(true)` when
+    /// copied, `Some(false)` when it could not be (no value, a failed copy:
+    /// it is dropped from the line), `None` when the host budget has no room.
+    fn copy_one_ahead(&mut self, (s, _): (StorageId, f64), wall: f64) -> Option<bool> {
+        let tier = self.host.as_mut()?;
         let bytes = self.graph.st(s).bytes;
-        if limit.is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l) {
-            tier.lru.push_front((s, at));
-            return false;
+        if tier
+            .limit
+            .is_some_and(|l| self.stats.host_bytes.saturating_add(bytes) > l)
+        {
+            return None;
         }
         let i = s.0 as usize;
         let Some(value) = self.values[i].as_ref() else {
-            return false;
+            return Some(false);
         };
         let Ok(copy) = tier.transfer.to_host(value, bytes) else {
             self.stats.swap_failures += 1;
-            return false;
+            return Some(false);
         };
         let done = tier.engines.copy_behind(wall, bytes);
         tier.keep_copy(i, copy, done);
@@ -468,7 +487,7 @@ impl<V> Runtime<V> {
         let r = self.graph.st_mut(s);
         r.host_copy = true;
         r.copied_ahead = true;
-        true
+        Some(true)
     }
 
     /// Drop the clean host copies of resident storages until `bytes` more
