@@ -53,31 +53,8 @@ fn run(out: PathBuf) -> Result<(), String> {
         ..AdviseSpec::default()
     };
     let advice = advise(&trace, &spec, |_, _| {}).map_err(|e| e.to_string())?;
-    let kib = |b: u64| b as f64 / 1024.0;
-    println!(
-        "peak {:.1} KiB, parameters and inputs {:.1} KiB, floor {}",
-        kib(advice.peak_bytes),
-        kib(advice.constant_bytes),
-        advice.floor_bytes.map_or("none".to_string(), |f| format!(
-            "{:.1} KiB ({:.2} of peak)",
-            kib(f),
-            f as f64 / advice.peak_bytes as f64
-        ))
-    );
-    println!(
-        "| budget (KiB) | of peak | first step | steady | status |\n|---:|---:|---:|---:|---|"
-    );
-    let o = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.3}×"));
-    for r in &advice.rows {
-        println!(
-            "| {:.1} | {:.2} | {} | {} | {} |",
-            kib(r.budget_bytes),
-            r.ratio,
-            o(r.first_overhead),
-            o(r.steady_overhead),
-            r.status.name()
-        );
-    }
+    // The same table as `remat advise` on the exported file.
+    print!("{advice}");
     Ok(())
 }
 

@@ -60,31 +60,8 @@ fn run(out: PathBuf) -> remat_candle::Result<()> {
         ..AdviseSpec::default()
     };
     let advice = remat.advise(&spec)?;
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    println!(
-        "peak {:.1} MiB, parameters and inputs {:.1} MiB, floor {}",
-        mib(advice.peak_bytes),
-        mib(advice.constant_bytes),
-        advice.floor_bytes.map_or("none".to_string(), |f| format!(
-            "{:.1} MiB ({:.2} of peak)",
-            mib(f),
-            f as f64 / advice.peak_bytes as f64
-        ))
-    );
-    println!(
-        "| budget (MiB) | of peak | first step | steady | status |\n|---:|---:|---:|---:|---|"
-    );
-    let o = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.3}×"));
-    for r in &advice.rows {
-        println!(
-            "| {:.1} | {:.2} | {} | {} | {} |",
-            mib(r.budget_bytes),
-            r.ratio,
-            o(r.first_overhead),
-            o(r.steady_overhead),
-            r.status.name()
-        );
-    }
+    // The same table as `remat advise` on the exported file.
+    print!("{advice}");
     Ok(())
 }
 

@@ -102,74 +102,6 @@ fn row_json(r: &AdviceRow) -> serde_json::Value {
     })
 }
 
-/// Bytes for people: `123.4 MiB`.
-pub(crate) fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-fn overhead(o: Option<f64>) -> String {
-    o.map_or("–".to_string(), |x| format!("{x:.3}×"))
-}
-
-/// The table `remat advise` prints.
-pub fn advice_table(a: &Advice, iterations: usize) -> String {
-    let mut out = format!(
-        "{} · {} budget · {iterations} iterations per budget (plan-ahead from the 2nd)\n\
-         peak {} ({} B) · constants {} · floor {}\n\n",
-        a.trace,
-        a.budget_mode.name(),
-        human(a.peak_bytes),
-        a.peak_bytes,
-        human(a.constant_bytes),
-        match a.floor_bytes {
-            Some(f) => format!(
-                "{} ({f} B, {:.2} of peak)",
-                human(f),
-                f as f64 / a.peak_bytes.max(1) as f64
-            ),
-            None => "none: no budget trains this step within the limit".to_string(),
-        },
-    );
-    let swap = a.rows.iter().any(|r| r.steady_swap.is_some());
-    if swap {
-        out += "| budget | bytes | of peak | first step | steady | of it, stalls | swapped out | status |\n";
-        out += "|---:|---:|---:|---:|---:|---:|---:|---|\n";
-    } else {
-        out += "| budget | bytes | of peak | first step | steady | status |\n";
-        out += "|---:|---:|---:|---:|---:|---|\n";
-    }
-    for r in &a.rows {
-        let swap_cells = match (swap, r.steady_swap) {
-            (false, _) => String::new(),
-            (true, Some((stall, bytes))) => format!(" {stall:.3}× | {} |", human(bytes)),
-            (true, None) => " – | – |".to_string(),
-        };
-        out += &format!(
-            "| {} | {} | {:.2} | {} | {} |{} {} |\n",
-            human(r.budget_bytes),
-            r.budget_bytes,
-            r.ratio,
-            overhead(r.first_overhead),
-            overhead(r.steady_overhead),
-            swap_cells,
-            r.status.name()
-        );
-    }
-    out += "\noverhead: (compute + recompute + stalls on host copies) / compute of one step; first step online, steady = the last, planned\n";
-    out
-}
-
 /// Run `remat advise`.
 pub fn run(args: AdviseArgs) -> Result<(), Box<dyn std::error::Error>> {
     let trace = load(&args.trace)?;
@@ -228,7 +160,7 @@ pub fn run(args: AdviseArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.json {
         println!("{}", advice_json(&advice));
     } else {
-        print!("{}", advice_table(&advice, spec.iterations));
+        print!("{advice}");
         eprintln!(
             "{} budgets in {:.1} s{}",
             advice.rows.len(),

@@ -203,7 +203,7 @@ pub fn timeline_chart(r: &ReplayReport) -> ChartResult<String> {
 /// as a dashed line with the budgets below it shaded, runs that ended `oom`
 /// or `thrash` as crosses on the top edge.
 pub fn advice_chart(a: &remat_dtr::replay::advise::Advice) -> ChartResult<String> {
-    use super::advise::human;
+    use remat_dtr::replay::advise::human_bytes as human;
     let peak = a.peak_bytes.max(1) as f64;
     let floor_ratio = a.floor_bytes.map(|f| f as f64 / peak);
     let lowest = (a.rows.iter().map(|r| r.ratio))

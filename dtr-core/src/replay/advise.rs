@@ -6,7 +6,8 @@
 //! runs train, searched with the same runs), on worker threads, and reports
 //! each budget's first-step and steady overhead.
 //! `remat advise` prints it as a table, JSON and a chart; the adapters'
-//! `advise` call it on a recorded step.
+//! `advise` call it on a recorded step. The table is [`Advice`]'s `Display`
+//! (one format for the command line and the adapters' examples).
 
 use remat_trace::Trace;
 
@@ -91,10 +92,96 @@ pub struct Advice {
     pub floor_bytes: Option<u64>,
     /// The floor's bound on the steady overhead ([`AdviseSpec::max_overhead`]).
     pub max_overhead: f64,
+    /// Training iterations replayed at each budget ([`AdviseSpec::iterations`]).
+    pub iterations: usize,
     /// One row per budget, the largest first.
     pub rows: Vec<AdviceRow>,
     /// Wall-clock time of the whole advice (floor and runs), ms.
     pub wall_ms: f64,
+}
+
+/// Bytes for people, in binary units: `812 B`, `123.4 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn overhead(o: Option<f64>) -> String {
+    o.map_or("–".to_string(), |x| format!("{x:.3}×"))
+}
+
+/// The budget curve as `remat advise` prints it: a header (the trace, its
+/// peak, constants and floor) and a Markdown table, one row per budget, with
+/// the stall and swap columns when swap was on.
+impl std::fmt::Display for Advice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self;
+        writeln!(
+            f,
+            "{} · {} budget · {} iterations per budget (plan-ahead from the 2nd)",
+            a.trace,
+            a.budget_mode.name(),
+            a.iterations
+        )?;
+        let floor = match a.floor_bytes {
+            Some(b) => format!(
+                "{} ({b} B, {:.2} of peak)",
+                human_bytes(b),
+                b as f64 / a.peak_bytes.max(1) as f64
+            ),
+            None => "none: no budget trains this step within the limit".to_string(),
+        };
+        writeln!(
+            f,
+            "peak {} ({} B) · constants {} · floor {floor}\n",
+            human_bytes(a.peak_bytes),
+            a.peak_bytes,
+            human_bytes(a.constant_bytes),
+        )?;
+        let swap = a.rows.iter().any(|r| r.steady_swap.is_some());
+        if swap {
+            writeln!(f, "| budget | bytes | of peak | first step | steady | of it, stalls | swapped out | status |")?;
+            writeln!(f, "|---:|---:|---:|---:|---:|---:|---:|---|")?;
+        } else {
+            writeln!(
+                f,
+                "| budget | bytes | of peak | first step | steady | status |"
+            )?;
+            writeln!(f, "|---:|---:|---:|---:|---:|---|")?;
+        }
+        for r in &a.rows {
+            let swap_cells = match (swap, r.steady_swap) {
+                (false, _) => String::new(),
+                (true, Some((stall, bytes))) => format!(" {stall:.3}× | {} |", human_bytes(bytes)),
+                (true, None) => " – | – |".to_string(),
+            };
+            writeln!(
+                f,
+                "| {} | {} | {:.2} | {} | {} |{swap_cells} {} |",
+                human_bytes(r.budget_bytes),
+                r.budget_bytes,
+                r.ratio,
+                overhead(r.first_overhead),
+                overhead(r.steady_overhead),
+                r.status.name()
+            )?;
+        }
+        writeln!(
+            f,
+            "\noverhead: (compute + recompute + stalls on host copies) / compute of one step; \
+             first step online, steady = the last, planned"
+        )
+    }
 }
 
 /// The grid: `points` budgets from `peak` down to `floor`, evenly spaced,
@@ -357,6 +444,7 @@ pub fn advise(
         compute_ns: base.compute_ns,
         floor_bytes: floor,
         max_overhead: spec.max_overhead,
+        iterations: spec.iterations,
         rows,
         wall_ms: started.elapsed().as_secs_f64() * 1e3,
     })
@@ -364,7 +452,75 @@ pub fn advise(
 
 #[cfg(test)]
 mod tests {
-    use super::grid;
+    use super::{grid, human_bytes, Advice, AdviceRow};
+    use crate::config::BudgetMode;
+    use crate::replay::ReplayStatus;
+
+    #[test]
+    fn bytes_are_printed_in_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1.0 KiB");
+        assert_eq!(human_bytes(3 << 20 | 1 << 19), "3.5 MiB");
+        assert_eq!(human_bytes(u64::MAX), "16777216.0 TiB");
+    }
+
+    fn row(budget_bytes: u64, steady_swap: Option<(f64, u64)>) -> AdviceRow {
+        AdviceRow {
+            ratio: budget_bytes as f64 / 4096.0,
+            budget_bytes,
+            first_overhead: Some(1.25),
+            steady_overhead: (budget_bytes > 1024).then_some(1.125),
+            status: ReplayStatus::Ok,
+            evictions: 3,
+            rematerializations: 2,
+            planned: true,
+            steady_swap,
+        }
+    }
+
+    #[test]
+    fn the_table_has_one_row_per_budget_and_swap_columns_only_with_swap() {
+        let mut a = Advice {
+            trace: "step".into(),
+            budget_mode: BudgetMode::Physical,
+            peak_bytes: 4096,
+            constant_bytes: 512,
+            compute_ns: 10,
+            floor_bytes: Some(1024),
+            max_overhead: 2.0,
+            iterations: 3,
+            rows: vec![row(4096, None), row(1024, None)],
+            wall_ms: 1.0,
+        };
+        let t = a.to_string();
+        assert!(
+            t.starts_with("step · physical budget · 3 iterations"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "peak 4.0 KiB (4096 B) · constants 512 B · floor 1.0 KiB (1024 B, 0.25 of peak)"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 4.0 KiB | 4096 | 1.00 | 1.250× | 1.125× | ok |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 1.0 KiB | 1024 | 0.25 | 1.250× | – | ok |"),
+            "{t}"
+        );
+        assert!(!t.contains("swapped out"), "{t}");
+        a.rows[0].steady_swap = Some((0.5, 2048));
+        a.floor_bytes = None;
+        let t = a.to_string();
+        assert!(t.contains("| of it, stalls | swapped out |"), "{t}");
+        assert!(t.contains("| 1.125× | 0.500× | 2.0 KiB | ok |"), "{t}");
+        assert!(t.contains("| – | – | – | ok |"), "{t}");
+        assert!(t.contains("floor none: no budget trains"), "{t}");
+    }
 
     #[test]
     fn the_grid_runs_from_the_peak_to_the_floor() {
