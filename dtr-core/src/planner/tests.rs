@@ -153,7 +153,7 @@ fn extra_restart_rounds_follow_the_work_limit() {
     let limit = 10.0 * rec.compute_ns() as f64;
     let max = DtrConfig::MAX_PLAN_RESTARTS;
     let plan = |c: &DtrConfig, work: u64| {
-        plan_with_work_limit(&rec, c, limit, work, false)
+        plan_with_work_limit(&rec, c, limit, work, None)
             .unwrap()
             .unwrap()
     };
@@ -209,7 +209,7 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
             entry,
             how,
             budget,
-            f64::INFINITY,
+            Limits::total(f64::INFINITY),
             &future,
             false,
         )
