@@ -6,7 +6,7 @@
 //! runs train, searched with the same runs), on worker threads, and reports
 //! each budget's first-step and steady overhead.
 //! `remat advise` prints it as a table, JSON and a chart; the adapters'
-//! `advise` call it on a recorded step. The table is [`Advice`]'s `Display`
+//! `advise` call it on a recorded step. The table is `Advice`'s `Display`
 //! (one format for the command line and the adapters' examples).
 
 use remat_trace::Trace;
