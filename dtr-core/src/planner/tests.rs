@@ -2,7 +2,10 @@
 //! following, and placement.
 
 use super::*;
-use crate::op::FnOp;
+use crate::error::OpError;
+use crate::ids::TensorId;
+use crate::op::{FnOp, OpHandle};
+use crate::runtime::Runtime;
 use crate::stats::IterationReport;
 use remat_alloc::plan::verify;
 
