@@ -252,11 +252,11 @@ pub struct DtrConfig {
     /// computations finishes under MSPS, and its boundary restores
     /// [`DtrConfig::policy`] (see [`crate::RuntimeStats::policy_rescues`]); a
     /// regeneration whose own replays pass them keeps what it regenerates
-    /// until it ends ([`crate::RuntimeStats::kept_regenerations`]). Off: the
+    /// while it reads it again ([`crate::RuntimeStats::kept_regenerations`]). Off: the
     /// configured policy decides every eviction, and a regeneration releases
     /// each input once its op has run. Off trades lstm's lowest budgets for
-    /// cheaper first steps on GPT-2 and T5 (the figures: docs/dtr-results.md,
-    /// *Where gpt2's and t5_small's first steps pass 3×*).
+    /// cheaper first steps on GPT-2 (the figures: docs/dtr-results.md,
+    /// *A kept regeneration holds only what it reads again*).
     pub thrash_rescue: bool,
     /// The host tier: swap storages to host memory when a copy costs less
     /// than recomputing them (see [`crate::swap`]). Off by default.

@@ -66,7 +66,7 @@
 //! | `instruction` | [`Instruction`] and [`Annotation`], one per line, and the line-level JSON parser and writer |
 //! | `replay` | resolving names to tensors and tensors to storages without a budget: [`storage_events`], [`storage_lifetimes`] ([`StorageEvent`], [`StorageLifetime`]) and [`baseline`] ([`BaselineFigures`], the DTR paper simulator's exact figures) |
 //! | `builder` | [`TraceBuilder`]: a trace written instruction by instruction (synthetic traces for tests, examples and benches), checked like a parsed one |
-//! | `locate` | finding the trace files outside the repository: [`traces_dir`] (`REMAT_TRACES_DIR`, [`TRACES_DIR_ENV`]), [`trace_files`], [`find_trace`], [`require_traces`] |
+//! | `locate` | finding the trace files outside the repository: [`traces_dir`] (`REMAT_TRACES_DIR`, [`TRACES_DIR_ENV`]), [`trace_files`], [`find_trace`], [`require_traces`]; the PyTorch-logged traces beside them: [`torch_traces_dir`], [`require_torch_trace`] |
 //! | `error` | [`TraceError`] |
 
 mod builder;
@@ -80,7 +80,10 @@ use std::path::Path;
 pub use builder::TraceBuilder;
 pub use error::TraceError;
 pub use instruction::{Annotation, Instruction};
-pub use locate::{find_trace, require_traces, trace_files, traces_dir, TRACES_DIR_ENV};
+pub use locate::{
+    find_trace, require_torch_trace, require_traces, torch_traces_dir, trace_files, traces_dir,
+    TRACES_DIR_ENV,
+};
 pub use replay::{
     baseline, storage_events, storage_lifetimes, BaselineFigures, StorageEvent, StorageLifetime,
 };

@@ -88,3 +88,58 @@ pub fn require_traces(test_name: &str) -> Option<PathBuf> {
     eprintln!("skipping {test_name}: traces not found (set {TRACES_DIR_ENV})");
     None
 }
+
+/// The directory holding the PyTorch-logged traces (`traces/torch` beside
+/// `traces/dtr-paper`), first found of:
+///
+/// 1. `torch` beside `$REMAT_TRACES_DIR`, if that is set;
+/// 2. `../shared/traces/torch` and `shared/traces/torch` relative to the
+///    current directory;
+/// 3. `../shared/traces/torch` relative to the workspace root.
+///
+/// `None` if none of them is a directory.
+pub fn torch_traces_dir() -> Option<PathBuf> {
+    let beside = std::env::var_os(TRACES_DIR_ENV)
+        .map(PathBuf::from)
+        .and_then(|d| d.parent().map(|p| p.join("torch")));
+    let candidates = [
+        PathBuf::from("../shared/traces/torch"),
+        PathBuf::from("shared/traces/torch"),
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/traces/torch"
+        )),
+    ];
+    beside.into_iter().chain(candidates).find(|p| p.is_dir())
+}
+
+/// For tests that need one of the PyTorch-logged traces: the `*.log` file in
+/// [`torch_traces_dir`] whose name starts with `name` (`"t5_small"` finds
+/// `t5_small-20.log`). When it is absent, as [`require_traces`]: a panic under
+/// `CI=true`, else a message on stderr and `None`.
+pub fn require_torch_trace(test_name: &str, name: &str) -> Option<PathBuf> {
+    let found = torch_traces_dir().and_then(|dir| {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "log")
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}-")))
+            })
+            .collect();
+        files.sort();
+        files.into_iter().next()
+    });
+    if found.is_some() {
+        return found;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "{test_name}: the PyTorch-logged trace {name} was not found; it is looked for in \
+             `torch` beside {TRACES_DIR_ENV} (e.g. shared/traces/torch)"
+        );
+    }
+    eprintln!("skipping {test_name}: trace {name} not found (set {TRACES_DIR_ENV})");
+    None
+}

@@ -148,6 +148,14 @@ pub struct Runtime<V> {
     /// Holds kept by a regeneration that keeps what it regenerated, released
     /// when it ends.
     kept: Vec<StorageId>,
+    /// While keeping: the reads still to come inside the running
+    /// regeneration, by storage, counted over the ops of its evicted region
+    /// when keeping began (`Runtime::count_region_reads`).
+    reads_to_come: AHashMap<StorageId, u32>,
+    /// The ops counted in `reads_to_come` that have not run since.
+    counted: ahash::AHashSet<OpId>,
+    /// The targets of the running regeneration.
+    regen_targets: Vec<StorageId>,
     /// Iterations: the recorder, the plan being followed, the counters that name
     /// storages and allocations within the iteration (see `iteration`).
     iter: IterationState,
@@ -221,6 +229,9 @@ impl<V> Runtime<V> {
             replayed: false,
             keeping: Keeping::Off,
             kept: Vec::new(),
+            reads_to_come: AHashMap::new(),
+            counted: ahash::AHashSet::new(),
+            regen_targets: Vec::new(),
             iter: IterationState::default(),
             host: None,
         }

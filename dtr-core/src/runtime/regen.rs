@@ -9,8 +9,8 @@
 //! ([`Runtime::hold_first`]). Nothing recurses on the call stack,
 //! so a 100k-op chain regenerates in constant stack. A regeneration whose own
 //! replays pass the iteration's first computations keeps the inputs it
-//! releases held instead, until it ends or memory runs out
-//! ([`Runtime::keep_regenerated`]).
+//! releases held instead while it reads them again, until it ends or memory
+//! runs out ([`Runtime::keep_regenerated`]).
 
 use std::sync::Arc;
 
@@ -70,6 +70,10 @@ impl<V> Runtime<V> {
         self.by_need = by_need;
         self.replayed = false;
         self.keeping = Keeping::Armed(self.stats.remat_ns);
+        self.reads_to_come.clear();
+        self.counted.clear();
+        self.regen_targets.clear();
+        self.regen_targets.extend_from_slice(targets);
         let result = self.hold_loop(targets);
         self.regenerating = false;
         self.keeping = Keeping::Off;
@@ -102,13 +106,25 @@ impl<V> Runtime<V> {
     }
 
     /// Whether the running regeneration keeps the inputs of the op it just
-    /// replayed held until it ends, instead of releasing them for eviction.
-    /// It starts to once its own replays cost more than the iteration's first
-    /// computations so far (a regeneration that alone makes the iteration
-    /// lose): a lineage released after its first consumer is otherwise
-    /// regenerated again for the next one, without bound (lstm at 0.25: one
-    /// regeneration replayed ~2 600 ops up to 90 times each). Kept storages
-    /// are parked: [`Runtime::evict_parked`] may still evict each once.
+    /// replayed held, instead of releasing them for eviction. It starts to
+    /// once its own replays cost more than the iteration's first computations
+    /// so far (a regeneration that alone makes the iteration lose): a lineage
+    /// released after its first consumer is otherwise regenerated again for
+    /// the next one, without bound (lstm at 0.25: one regeneration replayed
+    /// ~2 600 ops up to 90 times each). Kept storages are parked:
+    /// [`Runtime::evict_parked`] may still evict each once.
+    ///
+    /// What is kept is only what the regeneration reads again: when keeping
+    /// starts, the reads still to come are counted over its region
+    /// ([`Runtime::count_region_reads`]), and an input is released at its
+    /// last counted read, with every hold kept for it before. A value with
+    /// no read left in the region cannot be regenerated again by it, so
+    /// holding it bounds nothing; its room would only push the program's
+    /// own live storages out, each then a regeneration of its own. (Keeping
+    /// everything to the end took GPT-2's and T5's first steps past 4× at
+    /// 0.5 and 0.4: `docs/dtr-results.md`, session 34.) Inputs of an op
+    /// outside the counted region (replayed again after a parked eviction)
+    /// are kept as before.
     fn keep_regenerated(&mut self) -> bool {
         let Keeping::Armed(start) = self.keeping else {
             return self.keeping == Keeping::On;
@@ -118,8 +134,36 @@ impl<V> Runtime<V> {
         } else if self.losing_since(start) {
             self.keeping = Keeping::On;
             self.stats.kept_regenerations += 1;
+            self.count_region_reads();
         }
         self.keeping == Keeping::On
+    }
+
+    /// Count the reads still to come in the running regeneration: one per
+    /// unique input of each op that must still run to make its targets
+    /// resident (the producers of the targets' evicted ancestors; a swapped
+    /// storage is a leaf, its copy needs no input). Those ops go to
+    /// `counted` until each runs. Called once, when keeping starts; the walk
+    /// visits each evicted ancestor once.
+    fn count_region_reads(&mut self) {
+        let mut work: Vec<StorageId> = (self.regen_targets.iter().copied())
+            .filter(|&t| self.graph.st(t).residency == Residency::Evicted)
+            .collect();
+        let mut seen: ahash::AHashSet<StorageId> = work.iter().copied().collect();
+        while let Some(e) = work.pop() {
+            let Some(op) = self.graph.st(e).producer else {
+                continue;
+            };
+            if !self.counted.insert(op) {
+                continue;
+            }
+            for &i in &self.graph.ops[op.0].unique_inputs {
+                *self.reads_to_come.entry(i).or_insert(0) += 1;
+                if self.graph.st(i).residency == Residency::Evicted && seen.insert(i) {
+                    work.push(i);
+                }
+            }
+        }
     }
 
     fn hold_loop(&mut self, targets: &[StorageId]) -> Result<()> {
@@ -356,12 +400,34 @@ impl<V> Runtime<V> {
             self.graph.clock
         };
         let keep = self.keep_regenerated();
+        // An op of the region counted when keeping began runs for the first
+        // time: its reads are no longer to come.
+        let counted = !self.counted.is_empty() && self.counted.remove(&op);
         for s in unique {
             self.graph.st_mut(s).last_used = stamp;
-            if keep {
+            let reads_left = counted.then(|| match self.reads_to_come.get_mut(&s) {
+                Some(n) => {
+                    *n = n.saturating_sub(1);
+                    *n
+                }
+                None => 0,
+            });
+            if keep && reads_left != Some(0) {
                 self.kept.push(s);
-            } else {
-                self.unpin_storage(s, true);
+                continue;
+            }
+            self.unpin_storage(s, true);
+            if reads_left == Some(0) {
+                // Its last read in this regeneration: the holds kept for it
+                // go too, and it is an ordinary candidate again.
+                let mut n = 0;
+                self.kept.retain(|&k| {
+                    n += (k == s) as u32;
+                    k != s
+                });
+                for _ in 0..n {
+                    self.unpin_storage(s, true);
+                }
             }
         }
         self.take_hold(target);
