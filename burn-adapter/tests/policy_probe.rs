@@ -14,8 +14,9 @@
 //! `PROBE_FLOOR=1` also prints `min_feasible_budget(2.0)` of the unbudgeted
 //! run (in the probe's budget mode);
 //! `PROBE_GRADS=1` reads every gradient as the equivalence test does (their
-//! values stay live until read: a harder budget than training alone); the
-//! last step's iteration report is printed too.
+//! values stay live until read: a harder budget than training alone);
+//! `PROBE_CONF` adds settings in `REMAT_DTR_CONF` syntax (e.g.
+//! `keep_read_again:on`); the last step's iteration report is printed too.
 
 #[path = "common/model.rs"]
 mod model;
@@ -37,7 +38,12 @@ fn device(budget: Option<u64>, policy: PolicyKind, sampling: bool) -> DtrDevice<
         Ok("physical") => BudgetMode::Physical,
         _ => BudgetMode::Logical,
     };
-    let mut config = DtrConfig::default()
+    // Further settings in REMAT_DTR_CONF syntax (`PROBE_CONF=keep_read_again:on`).
+    let base = match std::env::var("PROBE_CONF") {
+        Ok(conf) => DtrConfig::parse(&conf).expect("PROBE_CONF"),
+        Err(_) => DtrConfig::default(),
+    };
+    let mut config = base
         .with_budget_mode(mode)
         .with_policy(policy)
         .with_sampling(sampling)

@@ -25,6 +25,7 @@
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
 //! | `online_hold_first` | `on`/`off`: an online step's regenerations hold their resident targets whose lineage is gone before replaying anything, as the planner's simulations always do (see [`DtrConfig::online_hold_first`]) | `off` |
+//! | `keep_read_again` | `on`/`off`: a regeneration the thrash rescue makes keep what it regenerates holds only what it reads again (see [`DtrConfig::keep_read_again`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
 //!
@@ -252,11 +253,12 @@ pub struct DtrConfig {
     /// computations finishes under MSPS, and its boundary restores
     /// [`DtrConfig::policy`] (see [`crate::RuntimeStats::policy_rescues`]); a
     /// regeneration whose own replays pass them keeps what it regenerates
-    /// while it reads it again ([`crate::RuntimeStats::kept_regenerations`]). Off: the
+    /// until it ends ([`crate::RuntimeStats::kept_regenerations`]; only what
+    /// it reads again with [`DtrConfig::keep_read_again`]). Off: the
     /// configured policy decides every eviction, and a regeneration releases
     /// each input once its op has run. Off trades lstm's lowest budgets for
-    /// cheaper first steps on GPT-2 (the figures: docs/dtr-results.md,
-    /// *A kept regeneration holds only what it reads again*).
+    /// cheaper first steps on GPT-2 and T5 (the figures: docs/dtr-results.md,
+    /// *Where gpt2's and t5_small's first steps pass 3×*).
     pub thrash_rescue: bool,
     /// The host tier: swap storages to host memory when a copy costs less
     /// than recomputing them (see [`crate::swap`]). Off by default.
@@ -303,6 +305,22 @@ pub struct DtrConfig {
     /// without). Off by default (docs/dtr-results.md, *Resident targets held
     /// first*).
     pub online_hold_first: bool,
+    /// A regeneration that the thrash rescue makes keep what it regenerates
+    /// ([`DtrConfig::thrash_rescue`]) holds only what it reads again: when
+    /// keeping starts, the reads still to come are counted over its region,
+    /// and each input is released at its last one, instead of every input
+    /// being held to the regeneration's end (the runtime's
+    /// `keep_regenerated`, in `runtime/regen.rs`). On the PyTorch-logged
+    /// traces it takes GPT-2's first steps at 0.5 / 0.4 from 4.25 / 4.65×
+    /// to 3.12 / 3.28×, T5's at 0.4 from 4.84× to 2.53× and ResNet-50's at
+    /// 0.3 from 17.6× to 7.6×; but Burn's 12-block transformer at 35 % of
+    /// its peak (physical, near its floor of 33 %) replays 5.10× its
+    /// computations over three steps instead of 2.05×: the values it
+    /// releases are lineage the *next* regeneration replays again, which no
+    /// count inside one regeneration sees. Off by default
+    /// (docs/dtr-results.md, *A kept regeneration that holds only what it
+    /// reads again*).
+    pub keep_read_again: bool,
     /// At each iteration boundary, a physical (caching-allocator) budget
     /// gives its cached free segments back to the device, as
     /// `torch.cuda.empty_cache()` does; live blocks stay where they are. An
@@ -340,6 +358,7 @@ impl Default for DtrConfig {
             online_arena: false,
             request_stamp: false,
             online_hold_first: false,
+            keep_read_again: false,
             release_at_boundary: true,
         }
     }
@@ -498,6 +517,13 @@ impl DtrConfig {
         self
     }
 
+    /// Make a kept regeneration hold only what it reads again (see
+    /// [`DtrConfig::keep_read_again`]).
+    pub fn with_keep_read_again(mut self, on: bool) -> Self {
+        self.keep_read_again = on;
+        self
+    }
+
     /// Give a caching-allocator budget's cached segments back at each
     /// iteration boundary, or keep them (see [`DtrConfig::release_at_boundary`]).
     pub fn with_release_at_boundary(mut self, on: bool) -> Self {
@@ -534,6 +560,7 @@ impl DtrConfig {
         "online_arena",
         "request_stamp",
         "online_hold_first",
+        "keep_read_again",
         "release_at_boundary",
         "megengine_cost",
         "megengine_memory",
@@ -577,6 +604,7 @@ impl DtrConfig {
                 "online_arena" => c.online_arena = parse_switch(key, value)?,
                 "request_stamp" => c.request_stamp = parse_switch(key, value)?,
                 "online_hold_first" => c.online_hold_first = parse_switch(key, value)?,
+                "keep_read_again" => c.keep_read_again = parse_switch(key, value)?,
                 "release_at_boundary" => c.release_at_boundary = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
                 "swap_bandwidth" => {
@@ -753,7 +781,7 @@ mod tests {
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
              thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
-             online_hold_first:on,release_at_boundary:off,copy_ahead:off",
+             online_hold_first:on,keep_read_again:on,release_at_boundary:off,copy_ahead:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -770,6 +798,7 @@ mod tests {
         assert!(c.online_arena && !DtrConfig::default().online_arena);
         assert!(c.request_stamp && !DtrConfig::default().request_stamp);
         assert!(c.online_hold_first && !DtrConfig::default().online_hold_first);
+        assert!(c.keep_read_again && !DtrConfig::default().keep_read_again);
         assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
         assert!(!c.swap.copy_ahead && DtrConfig::default().swap.copy_ahead);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());

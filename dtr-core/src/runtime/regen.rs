@@ -9,8 +9,9 @@
 //! ([`Runtime::hold_first`]). Nothing recurses on the call stack,
 //! so a 100k-op chain regenerates in constant stack. A regeneration whose own
 //! replays pass the iteration's first computations keeps the inputs it
-//! releases held instead while it reads them again, until it ends or memory
-//! runs out ([`Runtime::keep_regenerated`]).
+//! releases held instead, until it ends or memory runs out (with
+//! `keep_read_again`, only while it reads them again;
+//! [`Runtime::keep_regenerated`]).
 
 use std::sync::Arc;
 
@@ -114,17 +115,18 @@ impl<V> Runtime<V> {
     /// ~2 600 ops up to 90 times each). Kept storages are parked:
     /// [`Runtime::evict_parked`] may still evict each once.
     ///
-    /// What is kept is only what the regeneration reads again: when keeping
-    /// starts, the reads still to come are counted over its region
-    /// ([`Runtime::count_region_reads`]), and an input is released at its
-    /// last counted read, with every hold kept for it before. A value with
-    /// no read left in the region cannot be regenerated again by it, so
-    /// holding it bounds nothing; its room would only push the program's
-    /// own live storages out, each then a regeneration of its own. (Keeping
-    /// everything to the end took GPT-2's and T5's first steps past 4× at
-    /// 0.5 and 0.4: `docs/dtr-results.md`, session 34.) Inputs of an op
-    /// outside the counted region (replayed again after a parked eviction)
-    /// are kept as before.
+    /// With [`crate::DtrConfig::keep_read_again`], what is kept is only what
+    /// the regeneration reads again: when keeping starts, the reads still to
+    /// come are counted over its region ([`Runtime::count_region_reads`]),
+    /// and an input is released at its last counted read, with every hold
+    /// kept for it before (inputs of an op outside the counted region,
+    /// replayed again after a parked eviction, are kept as before). A value
+    /// with no read left in the region cannot be regenerated again by it,
+    /// and its room pushes the program's own live storages out (GPT-2's and
+    /// T5's first steps pass 4× at 0.5 and 0.4 that way); but it may be
+    /// lineage the *next* regeneration replays (Burn's transformer near its
+    /// floor), which no count inside one regeneration sees. Hence opt-in:
+    /// `docs/dtr-results.md`, session 34.
     fn keep_regenerated(&mut self) -> bool {
         let Keeping::Armed(start) = self.keeping else {
             return self.keeping == Keeping::On;
@@ -134,7 +136,9 @@ impl<V> Runtime<V> {
         } else if self.losing_since(start) {
             self.keeping = Keeping::On;
             self.stats.kept_regenerations += 1;
-            self.count_region_reads();
+            if self.config.keep_read_again {
+                self.count_region_reads();
+            }
         }
         self.keeping == Keeping::On
     }

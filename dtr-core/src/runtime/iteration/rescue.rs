@@ -10,8 +10,8 @@
 //!   under the lineage-priced policy (MSPS) instead of the configured one
 //!   ([`Runtime::rescue_from_thrashing`]); the boundary restores the configured
 //!   policy. A regeneration that alone makes it lose keeps what it
-//!   regenerates while it reads it again (`Runtime::keep_regenerated`, in
-//!   `regen.rs`).
+//!   regenerates until it ends (with `keep_read_again`, while it reads it
+//!   again; `Runtime::keep_regenerated`, in `regen.rs`).
 //! - **From the start** (`online_arena:on`): an online iteration under a
 //!   physical budget is laid out in that arena at its first op, so only its
 //!   live bytes count ([`crate::DtrConfig::online_arena`]).
