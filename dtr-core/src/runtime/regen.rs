@@ -71,10 +71,13 @@ impl<V> Runtime<V> {
         self.by_need = by_need;
         self.replayed = false;
         self.keeping = Keeping::Armed(self.stats.remat_ns);
-        self.reads_to_come.clear();
-        self.counted.clear();
-        self.regen_targets.clear();
-        self.regen_targets.extend_from_slice(targets);
+        if self.config.keep_read_again {
+            // Only with the switch: a hold is on the planned path too.
+            self.reads_to_come.clear();
+            self.counted.clear();
+            self.regen_targets.clear();
+            self.regen_targets.extend_from_slice(targets);
+        }
         let result = self.hold_loop(targets);
         self.regenerating = false;
         self.keeping = Keeping::Off;
