@@ -23,24 +23,41 @@ pub fn traces_dir() -> Option<PathBuf> {
             return Some(dir);
         }
     }
-    let candidates = [
-        PathBuf::from("../shared/traces/dtr-paper"),
-        PathBuf::from("shared/traces/dtr-paper"),
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/traces/dtr-paper"
+    shared_dirs("dtr-paper").into_iter().find(|p| p.is_dir())
+}
+
+/// Where `../shared/traces/<kind>` may be: beside the current directory,
+/// under it, and beside the workspace root (where this crate was compiled).
+fn shared_dirs(kind: &str) -> [PathBuf; 3] {
+    [
+        PathBuf::from(format!("../shared/traces/{kind}")),
+        PathBuf::from(format!("shared/traces/{kind}")),
+        PathBuf::from(format!(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/traces/{}"),
+            kind
         )),
-    ];
-    candidates.into_iter().find(|p| p.is_dir())
+    ]
+}
+
+/// A test's traces are absent: under `CI=true` a panic naming `what` and
+/// where it is looked for (`hint`), else a message on stderr and `None`.
+fn absent(test_name: &str, what: &str, hint: &str) -> Option<PathBuf> {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test_name}: {what} not found; {hint}");
+    }
+    eprintln!("skipping {test_name}: {what} not found (set {TRACES_DIR_ENV})");
+    None
 }
 
 /// The `*.log` files in [`traces_dir`], sorted by file name; empty if there is no
 /// traces directory.
 pub fn trace_files() -> Vec<PathBuf> {
-    let Some(dir) = traces_dir() else {
-        return Vec::new();
-    };
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    traces_dir().map(|dir| log_files(&dir)).unwrap_or_default()
+}
+
+/// The `*.log` files in `dir`, sorted by file name; empty if it cannot be read.
+fn log_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut files: Vec<PathBuf> = entries
@@ -76,17 +93,16 @@ pub fn find_trace(name_or_path: &str) -> Option<PathBuf> {
 /// otherwise it prints `skipping {test_name}: traces not found (set
 /// REMAT_TRACES_DIR)` to stderr and returns `None`.
 pub fn require_traces(test_name: &str) -> Option<PathBuf> {
-    if let Some(dir) = traces_dir() {
-        return Some(dir);
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!(
-            "{test_name}: the DTR-paper traces were not found; set {TRACES_DIR_ENV} to the \
-             directory holding them (e.g. shared/traces/dtr-paper)"
-        );
-    }
-    eprintln!("skipping {test_name}: traces not found (set {TRACES_DIR_ENV})");
-    None
+    traces_dir().or_else(|| {
+        absent(
+            test_name,
+            "traces",
+            &format!(
+                "the DTR-paper traces: set {TRACES_DIR_ENV} to the directory holding them \
+                 (e.g. shared/traces/dtr-paper)"
+            ),
+        )
+    })
 }
 
 /// The directory holding the PyTorch-logged traces (`traces/torch` beside
@@ -102,15 +118,9 @@ pub fn torch_traces_dir() -> Option<PathBuf> {
     let beside = std::env::var_os(TRACES_DIR_ENV)
         .map(PathBuf::from)
         .and_then(|d| d.parent().map(|p| p.join("torch")));
-    let candidates = [
-        PathBuf::from("../shared/traces/torch"),
-        PathBuf::from("shared/traces/torch"),
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/traces/torch"
-        )),
-    ];
-    beside.into_iter().chain(candidates).find(|p| p.is_dir())
+    (beside.into_iter())
+        .chain(shared_dirs("torch"))
+        .find(|p| p.is_dir())
 }
 
 /// For tests that need one of the PyTorch-logged traces: the `*.log` file in
@@ -118,28 +128,21 @@ pub fn torch_traces_dir() -> Option<PathBuf> {
 /// `t5_small-20.log`). When it is absent, as [`require_traces`]: a panic under
 /// `CI=true`, else a message on stderr and `None`.
 pub fn require_torch_trace(test_name: &str, name: &str) -> Option<PathBuf> {
+    let prefix = format!("{name}-");
     let found = torch_traces_dir().and_then(|dir| {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .ok()?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension().is_some_and(|x| x == "log")
-                    && p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{name}-")))
-            })
-            .collect();
-        files.sort();
-        files.into_iter().next()
+        log_files(&dir).into_iter().find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
     });
-    if found.is_some() {
-        return found;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!(
-            "{test_name}: the PyTorch-logged trace {name} was not found; it is looked for in \
-             `torch` beside {TRACES_DIR_ENV} (e.g. shared/traces/torch)"
-        );
-    }
-    eprintln!("skipping {test_name}: trace {name} not found (set {TRACES_DIR_ENV})");
-    None
+    found.or_else(|| {
+        absent(
+            test_name,
+            &format!("trace {name}"),
+            &format!(
+                "the PyTorch-logged traces are looked for in `torch` beside {TRACES_DIR_ENV} \
+                 (e.g. shared/traces/torch)"
+            ),
+        )
+    })
 }
