@@ -167,5 +167,5 @@ pub use remat_alloc::AllocatorConfig;
 /// (`remat_dtr::trace::Trace`).
 pub use remat_trace as trace;
 pub use runtime::Runtime;
-pub use stats::{IterationReport, PlanStatus, PlanSummary, RuntimeStats, StartDiff};
+pub use stats::{IterationReport, NoPlan, PlanStatus, PlanSummary, RuntimeStats, StartDiff};
 pub use swap::{HostBudget, HostTransfer, HostValue, NoValues, SwapConfig, TransferError};

@@ -200,6 +200,101 @@ pub struct IterationReport {
     /// did: what differs, and whether the next iteration was still planned
     /// from the ended one (its recording carried to this boundary).
     pub start_diff: Option<StartDiff>,
+    /// With [`PlanStatus::NoPlan`]: what the planner's simulations found
+    /// instead of a plan.
+    pub no_plan: Option<NoPlan>,
+}
+
+/// Why the planner made no plan at a boundary ([`PlanStatus::NoPlan`]): what
+/// each of its simulations of the recorded iteration ran into. A plan is a
+/// schedule that runs to the end under the budget, whose allocations place in
+/// one arena within the budget, and that costs no more than the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct NoPlan {
+    /// The most a plan could cost (ns): what the recorded iteration cost,
+    /// or more after a rescued one.
+    pub bound_ns: f64,
+    /// The recorded iteration's first computations (ns): the unit of the
+    /// costs below as overheads.
+    pub compute_ns: f64,
+    /// The budget a plan's arena must fit (bytes).
+    pub budget: u64,
+    /// Simulations run.
+    pub simulations: u32,
+    /// Simulations that found the budget impossible at some allocation: an
+    /// op's own inputs and outputs over the (simulated) budget, or, in a
+    /// flat arena, enough free bytes but not in one piece.
+    pub impossible: u32,
+    /// Simulations cut off once they could not cost less than the bound or
+    /// the cheapest schedule so far.
+    pub too_costly: u32,
+    /// Simulations that ran to the end but whose allocations the static
+    /// planner could not place within the budget.
+    pub over_budget: u32,
+    /// The cheapest of those: its cost (ns) and the arena its placement
+    /// needed (bytes).
+    pub cheapest_unplaced: Option<(f64, u64)>,
+    /// The cheapest placed schedule, when it cost more than the bound (ns).
+    pub cheapest_over_bound_ns: Option<f64>,
+}
+
+impl NoPlan {
+    /// Add another planning pass's findings (swap on plans twice): counts add
+    /// up, the cheapest schedules are the cheaper of the two.
+    pub(crate) fn merge(&mut self, other: &NoPlan) {
+        let cheaper = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        self.bound_ns = self.bound_ns.max(other.bound_ns);
+        self.compute_ns = self.compute_ns.max(other.compute_ns);
+        self.budget = self.budget.max(other.budget);
+        self.simulations += other.simulations;
+        self.impossible += other.impossible;
+        self.too_costly += other.too_costly;
+        self.over_budget += other.over_budget;
+        self.cheapest_unplaced = match (self.cheapest_unplaced, other.cheapest_unplaced) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        };
+        self.cheapest_over_bound_ns =
+            cheaper(self.cheapest_over_bound_ns, other.cheapest_over_bound_ns);
+    }
+
+    /// `ns` as an overhead over the recorded first computations.
+    fn ratio(&self, ns: f64) -> f64 {
+        if self.compute_ns > 0.0 {
+            ns / self.compute_ns
+        } else {
+            1.0
+        }
+    }
+}
+
+impl std::fmt::Display for NoPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no plan within {:.3}x: {} simulations, {} impossible, {} cut off as too costly, {} not placeable in the budget",
+            self.ratio(self.bound_ns),
+            self.simulations,
+            self.impossible,
+            self.too_costly,
+            self.over_budget,
+        )?;
+        if let Some((ns, arena)) = self.cheapest_unplaced {
+            write!(
+                f,
+                "; the cheapest schedule ({:.3}x) needed a {arena} B arena for a {} B budget",
+                self.ratio(ns),
+                self.budget
+            )?;
+        }
+        if let Some(ns) = self.cheapest_over_bound_ns {
+            write!(f, "; the cheapest placed one cost {:.3}x", self.ratio(ns))?;
+        }
+        Ok(())
+    }
 }
 
 /// How the state at a boundary differs from the state the ended iteration

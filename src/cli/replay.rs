@@ -251,6 +251,18 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
             "carried": d.not_carried.is_none(),
             "not_carried": d.not_carried.map(|w| w.reason()),
         })),
+        "no_plan": it.no_plan.as_ref().map(|n| serde_json::json!({
+            "bound_overhead": n.bound_ns / n.compute_ns.max(1.0),
+            "budget": n.budget,
+            "simulations": n.simulations,
+            "impossible": n.impossible,
+            "too_costly": n.too_costly,
+            "over_budget": n.over_budget,
+            "cheapest_unplaced_overhead": n.cheapest_unplaced.map(|(ns, _)| ns / n.compute_ns.max(1.0)),
+            "cheapest_unplaced_arena_bytes": n.cheapest_unplaced.map(|(_, a)| a),
+            "cheapest_over_bound_overhead": n.cheapest_over_bound_ns.map(|ns| ns / n.compute_ns.max(1.0)),
+            "message": n.to_string(),
+        })),
         "next_plan": it.next_plan.as_ref().map(|p| serde_json::json!({
             "policy": p.policy,
             "overhead": p.overhead,
@@ -377,6 +389,10 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                         (None, Some(remat_dtr::PlanStatus::Planning)) => {
                             "; next: online, planning this one in the background".to_string()
                         }
+                        (None, Some(remat_dtr::PlanStatus::NoPlan)) => match &it.no_plan {
+                            Some(why) => format!("; next: online, {why}"),
+                            None => "; next: online, no plan".to_string(),
+                        },
                         (None, _) => String::new(),
                     },
                 );

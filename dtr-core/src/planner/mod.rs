@@ -67,6 +67,11 @@ use crate::plan::IterationPlan;
 use crate::policy::oracle::{EStar, Future, OracleKind};
 use crate::policy::{score_kind, ScoreKind};
 use crate::record::{Event, Recording};
+use crate::stats::NoPlan;
+
+/// What planning a recording gives: the plan, or what the simulations ran
+/// into instead.
+pub(crate) type Planned = std::result::Result<IterationPlan, NoPlan>;
 
 /// Shrinks of the simulated budget tried per portfolio entry.
 const SHRINK_ATTEMPTS: usize = 4;
@@ -204,7 +209,7 @@ pub(crate) fn plan_iteration(
     rec: &Arc<Recording>,
     config: &DtrConfig,
     measured_ns: f64,
-) -> Result<Option<IterationPlan>> {
+) -> Result<Planned> {
     if !config.swap.enabled {
         return plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, None);
     }
@@ -220,17 +225,21 @@ pub(crate) fn plan_iteration(
         Some(bound),
     )?;
     Ok(match (recompute, swapping) {
-        (Some(r), Some(s)) if s.total_ns < r.total_ns => Some(IterationPlan {
+        (Ok(r), Ok(s)) if s.total_ns < r.total_ns => Ok(IterationPlan {
             plan_ms: r.plan_ms + s.plan_ms,
             simulations: r.simulations + s.simulations,
             ..s
         }),
-        (Some(r), Some(s)) => Some(IterationPlan {
+        (Ok(r), Ok(s)) => Ok(IterationPlan {
             plan_ms: r.plan_ms + s.plan_ms,
             simulations: r.simulations + s.simulations,
             ..r
         }),
-        (r, s) => r.or(s),
+        (Ok(p), Err(_)) | (Err(_), Ok(p)) => Ok(p),
+        (Err(mut r), Err(s)) => {
+            r.merge(&s);
+            Err(r)
+        }
     })
 }
 
@@ -244,10 +253,10 @@ fn plan_with_work_limit(
     measured_ns: f64,
     work_per_event: u64,
     swapping: Option<f64>,
-) -> Result<Option<IterationPlan>> {
+) -> Result<Planned> {
     config.check()?;
     let Some(budget) = config.budget else {
-        return Ok(None);
+        return Ok(Err(NoPlan::default()));
     };
     let started = Instant::now();
     let mut planner = Planner {
@@ -263,6 +272,12 @@ fn plan_with_work_limit(
         work: 0,
         swap_outs: swapping.is_some(),
         stall_free_ns: swapping.map_or(f64::INFINITY, |b| b.min(measured_ns)),
+        search: NoPlan {
+            bound_ns: measured_ns,
+            compute_ns: rec.compute_ns() as f64,
+            budget,
+            ..NoPlan::default()
+        },
     };
     let physical = config.budget_mode == BudgetMode::Physical;
     // The entries that can be restarted (learned and full-scan score
@@ -322,17 +337,25 @@ fn plan_with_work_limit(
         best,
         simulations,
         stall_free_ns,
+        mut search,
         ..
     } = planner;
     let plan_ms = started.elapsed().as_secs_f64() * 1e3;
-    Ok(best
-        .filter(|p| p.total_ns <= measured_ns.min(stall_free_ns) * (1.0 + 1e-9))
-        .map(|p| IterationPlan {
-            plan_ms,
-            simulations,
-            restart_rounds: rounds,
-            ..p
-        }))
+    search.simulations = simulations;
+    match best {
+        Some(p) if p.total_ns <= measured_ns.min(stall_free_ns) * (1.0 + 1e-9) => {
+            Ok(Ok(IterationPlan {
+                plan_ms,
+                simulations,
+                restart_rounds: rounds,
+                ..p
+            }))
+        }
+        p => {
+            search.cheapest_over_bound_ns = p.map(|p| p.total_ns);
+            Ok(Err(search))
+        }
+    }
 }
 
 /// The smallest budget under which the configured policy replays `rec` online
@@ -386,7 +409,10 @@ pub(crate) fn min_feasible_budget(
             &future,
             config.swap.enabled,
         )?;
-        let Some(online) = online.filter(|s| s.total_ns <= first_limit_ns * (1.0 + 1e-9)) else {
+        let Some(online) = online
+            .ok()
+            .filter(|s| s.total_ns <= first_limit_ns * (1.0 + 1e-9))
+        else {
             return Ok(false);
         };
         if online.total_ns <= limit_ns * (1.0 + 1e-9) {
@@ -403,7 +429,7 @@ pub(crate) fn min_feasible_budget(
         // is the online floor, not a plan: a plan must be placed.
         let bound = online.total_ns;
         let plan = plan_iteration(rec, &config, bound)?;
-        Ok(plan.is_some_and(|p| p.total_ns <= limit_ns * (1.0 + 1e-9)))
+        Ok(plan.is_ok_and(|p| p.total_ns <= limit_ns * (1.0 + 1e-9)))
     };
     // Every byte the iteration starts with or allocates, each rounded: nothing
     // needs evicting there (in-place ops may copy on write: doubled if short).
@@ -488,6 +514,8 @@ struct Planner<'a> {
     /// (ns): the recompute-only plan's cost in the swapping pass
     /// ([`plan_iteration`]), else infinite.
     stall_free_ns: f64,
+    /// What the simulations ran into, reported when no plan comes of them.
+    search: NoPlan,
 }
 
 impl Planner<'_> {
@@ -599,8 +627,16 @@ impl Planner<'_> {
             self.swap_outs,
         )?;
         self.work += work;
-        let Some(sim) = sim else {
-            return Ok(Outcome::Infeasible);
+        let sim = match sim {
+            Ok(sim) => sim,
+            Err(why) => {
+                match why {
+                    Infeasible::Impossible => self.search.impossible += 1,
+                    Infeasible::TooCostly => self.search.too_costly += 1,
+                    Infeasible::Failed => {}
+                }
+                return Ok(Outcome::Infeasible);
+            }
         };
         let (mut offsets, mut arena, simulated_budget, mut mode) = match how {
             Placement::Arena(b) => {
@@ -676,6 +712,14 @@ impl Planner<'_> {
         let seed = entry.seed();
         tracing::debug!(target: "remat_dtr::plan", entry = name, seed, mode, simulated_budget, total_ns, arena, "simulated");
         if arena > self.budget {
+            self.search.over_budget += 1;
+            if self
+                .search
+                .cheapest_unplaced
+                .is_none_or(|(ns, _)| total_ns < ns)
+            {
+                self.search.cheapest_unplaced = Some((total_ns, arena));
+            }
             return Ok(Outcome::Over(arena));
         }
         if self.best.as_ref().is_none_or(|p| total_ns < p.total_ns) {
@@ -772,6 +816,6 @@ fn placement_compacting(requests: &[PlanRequest], budget: u64, compact: bool) ->
 pub(crate) mod prefetch;
 mod simulate;
 
-use simulate::{simulate, Limits};
+use simulate::{simulate, Infeasible, Limits};
 #[cfg(test)]
 mod tests;

@@ -133,8 +133,19 @@ impl OpHandle<()> for SimOp {
     }
 }
 
+/// Why a simulation did not run to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Infeasible {
+    /// An allocation no eviction could place.
+    Impossible,
+    /// Cut off: it could no longer cost less than its limits.
+    TooCostly,
+    /// Another error of the runtime (traced).
+    Failed,
+}
+
 /// Replay `rec` under a logical budget of `budget` with the entry's policy,
-/// with the work it took (see `Planner::work`). `None`: infeasible (an
+/// with the work it took (see `Planner::work`). `Err`: infeasible, and why (an
 /// impossible budget, or past `limit_ns`).
 #[allow(clippy::too_many_arguments)] // one simulation's inputs, each read once
 pub(super) fn simulate(
@@ -146,7 +157,7 @@ pub(super) fn simulate(
     limits: Limits,
     future: &Arc<Future>,
     swap_outs: bool,
-) -> Result<(Option<Simulation>, u64)> {
+) -> Result<(std::result::Result<Simulation, Infeasible>, u64)> {
     let (budget, mode) = match how {
         Placement::Arena(b) => (b.min(capacity), BudgetMode::Physical),
         Placement::Logical(b) | Placement::Compacting(b) => (b, BudgetMode::Logical),
@@ -199,10 +210,11 @@ pub(super) fn simulate(
     let work = rt.decision_work() + events;
     match ran {
         Ok(()) => {}
-        Err(Error::ImpossibleBudget(_) | Error::ComputeLimit { .. }) => return Ok((None, work)),
+        Err(Error::ImpossibleBudget(_)) => return Ok((Err(Infeasible::Impossible), work)),
+        Err(Error::ComputeLimit { .. }) => return Ok((Err(Infeasible::TooCostly), work)),
         Err(e) => {
             tracing::debug!(target: "remat_dtr::plan", error = %e, "a simulation failed");
-            return Ok((None, work));
+            return Ok((Err(Infeasible::Failed), work));
         }
     }
     let total_ns = rt.stats().wall_ns();
@@ -226,7 +238,7 @@ pub(super) fn simulate(
         times,
         peak,
     };
-    Ok((Some(sim), work))
+    Ok((Ok(sim), work))
 }
 
 /// Where a simulation is cut off: once what it has cost plus the first

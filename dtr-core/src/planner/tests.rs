@@ -268,3 +268,34 @@ fn placement_compacts_a_plan_that_passes_the_budget() {
     // A budget the plain placement meets: returned without compaction.
     assert_eq!(placement(&requests, plain).1, plain);
 }
+
+/// With no plan, the planner says what its simulations ran into: under a
+/// bound below the recorded step's first computations every simulation is
+/// cut off as too costly; where no schedule's placement fits the budget, the
+/// cheapest is named with the arena it needed (`tests/plan_ahead.rs`, on
+/// MobileNetV3); and under a budget below an op's own working set every
+/// simulation finds it impossible.
+#[test]
+fn no_plan_says_what_the_simulations_ran_into() {
+    let (rec, config) = recorded_step();
+    let compute = rec.compute_ns() as f64;
+    let why = plan_iteration(&rec, &config, 0.5 * compute)
+        .unwrap()
+        .expect_err("no schedule costs less than its first computations");
+    assert!(why.simulations > 0);
+    assert_eq!(why.too_costly, why.simulations, "{why}");
+    assert_eq!((why.impossible, why.over_budget), (0, 0), "{why}");
+    assert_eq!(why.budget, config.budget.unwrap());
+    assert!(
+        why.to_string().starts_with("no plan within 0.500x"),
+        "{why}"
+    );
+
+    // 7 MiB holds no op of the backward (6 MiB out, its inputs beside it).
+    let tiny = config.clone().with_budget(7 << 20);
+    let why = plan_iteration(&rec, &tiny, 10.0 * compute)
+        .unwrap()
+        .expect_err("the budget is below an op's working set");
+    assert_eq!(why.impossible, why.simulations, "{why}");
+    assert!(why.cheapest_unplaced.is_none() && why.cheapest_over_bound_ns.is_none());
+}

@@ -247,6 +247,9 @@ pub struct IterationRow {
     /// How the state at its end differs from its start, when it does (see
     /// [`crate::stats::StartDiff`]).
     pub start_diff: Option<crate::stats::StartDiff>,
+    /// Why no plan was made at its end, when none was (see
+    /// [`crate::stats::NoPlan`]).
+    pub no_plan: Option<crate::stats::NoPlan>,
     /// Cached free bytes the caching allocator gave back at its end
     /// ([`crate::DtrConfig::release_at_boundary`]).
     pub released_bytes: u64,
@@ -783,6 +786,7 @@ fn drive(
             next_plan: None,
             planning: None,
             start_diff: None,
+            no_plan: None,
             released_bytes: 0,
         };
         if status != ReplayStatus::Ok || opts.iterations == 1 {
@@ -794,6 +798,7 @@ fn drive(
         row.next_plan = report.next_plan;
         row.planning = Some(report.planning);
         row.start_diff = report.start_diff;
+        row.no_plan = report.no_plan;
         row.released_bytes = report.released_bytes;
         rows.push(row);
     }

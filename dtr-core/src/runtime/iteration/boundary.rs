@@ -13,7 +13,7 @@ use crate::graph::Residency;
 use crate::ids::{StorageId, TensorId};
 use crate::plan::{Cursor, IterationPlan};
 use crate::record::{Boundary, CarryRefusal, Recording, Ref};
-use crate::stats::{IterationReport, PlanStatus, StartDiff};
+use crate::stats::{IterationReport, NoPlan, PlanStatus, StartDiff};
 
 /// The most a plan made after a rescued iteration may cost, over its first
 /// computations: the DTR paper's line between an overhead and a failure
@@ -36,7 +36,7 @@ pub(crate) struct PendingPlan {
     recording: Arc<Recording>,
     /// What the plan may cost (ns, [`Runtime::plan_bound`]).
     bound: f64,
-    job: std::thread::JoinHandle<Result<Option<IterationPlan>>>,
+    job: std::thread::JoinHandle<Result<crate::planner::Planned>>,
 }
 
 /// The planning state kept across boundaries.
@@ -145,23 +145,21 @@ impl<V> Runtime<V> {
         &mut self,
         rec: Arc<Recording>,
         measured_ns: f64,
-    ) -> Result<(Option<IterationPlan>, PlanStatus)> {
+    ) -> Result<(Option<IterationPlan>, PlanStatus, Option<NoPlan>)> {
         if let Some(p) = self.iter.planning.pending.take() {
             if p.recording.same_program(&rec) {
                 if !p.job.is_finished() && !self.iter.planning.wait_for_plans {
                     self.iter.planning.pending = Some(p);
-                    return Ok((None, PlanStatus::Planning));
+                    return Ok((None, PlanStatus::Planning, None));
                 }
-                let plan = p.job.join().map_err(|_| {
+                let planned = p.job.join().map_err(|_| {
                     Error::Internal("the background planning thread panicked".into())
                 })??;
-                if plan.is_some() || measured_ns <= p.bound {
-                    let status = if plan.is_some() {
-                        PlanStatus::Planned
-                    } else {
-                        PlanStatus::NoPlan
-                    };
-                    return Ok((plan, status));
+                if planned.is_ok() || measured_ns <= p.bound {
+                    return Ok(match planned {
+                        Ok(plan) => (Some(plan), PlanStatus::Planned, None),
+                        Err(why) => (None, PlanStatus::NoPlan, Some(why)),
+                    });
                 }
             }
         }
@@ -176,7 +174,7 @@ impl<V> Runtime<V> {
             bound: measured_ns,
             job,
         });
-        Ok((None, PlanStatus::Planning))
+        Ok((None, PlanStatus::Planning, None))
     }
 
     /// The live state as sizes, with the resident storages and the live
@@ -296,6 +294,7 @@ impl<V> Runtime<V> {
             next_plan: None,
             planning: PlanStatus::Off,
             start_diff: None,
+            no_plan: None,
             released_bytes: 0,
         };
         if self.config.release_at_boundary {
@@ -363,9 +362,10 @@ impl<V> Runtime<V> {
                 match carried {
                     None => PlanStatus::StartDiffers,
                     Some(rec) => {
-                        let (plan, status) =
+                        let (plan, status, why) =
                             self.plan_now_or_in_background(Arc::new(rec), bound)?;
                         next = plan;
+                        report.no_plan = why;
                         status
                     }
                 }
@@ -377,8 +377,9 @@ impl<V> Runtime<V> {
                     PlanStatus::Kept
                 }
                 _ => {
-                    let (plan, status) = self.plan_now_or_in_background(rec, bound)?;
+                    let (plan, status, why) = self.plan_now_or_in_background(rec, bound)?;
                     next = plan;
+                    report.no_plan = why;
                     status
                 }
             },
@@ -423,23 +424,23 @@ impl<V> Runtime<V> {
     }
 
     /// Plan `rec` for the next iteration under `bound` (ns): now, or on a
-    /// background thread with [`crate::DtrConfig::plan_background`].
+    /// background thread with [`crate::DtrConfig::plan_background`]. With no
+    /// plan found, what the planner's simulations ran into.
     fn plan_now_or_in_background(
         &mut self,
         rec: Arc<Recording>,
         bound: f64,
-    ) -> Result<(Option<Arc<IterationPlan>>, PlanStatus)> {
+    ) -> Result<(Option<Arc<IterationPlan>>, PlanStatus, Option<NoPlan>)> {
         if self.config.plan_background {
-            let (plan, status) = self.plan_in_background(rec, bound)?;
-            return Ok((plan.map(Arc::new), status));
+            let (plan, status, why) = self.plan_in_background(rec, bound)?;
+            return Ok((plan.map(Arc::new), status, why));
         }
-        let plan = crate::planner::plan_iteration(&rec, &self.config, bound)?.map(Arc::new);
-        let status = if plan.is_some() {
-            PlanStatus::Planned
-        } else {
-            PlanStatus::NoPlan
-        };
-        Ok((plan, status))
+        Ok(
+            match crate::planner::plan_iteration(&rec, &self.config, bound)? {
+                Ok(plan) => (Some(Arc::new(plan)), PlanStatus::Planned, None),
+                Err(why) => (None, PlanStatus::NoPlan, Some(why)),
+            },
+        )
     }
 
     /// The ended iteration's recording `rec` started from another state than
@@ -542,6 +543,7 @@ mod tests {
             next_plan: None,
             planning: PlanStatus::NotRecorded,
             start_diff: None,
+            no_plan: None,
             released_bytes: 0,
         }
     }
