@@ -21,6 +21,7 @@
 //! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
 //! | `copy_ahead` | `on`/`off`: with swap on, an online step keeps the idle device-to-host engine copying an old candidate that would be swapped if taken (else the oldest) to the host tier, so its later swap-out frees its memory at once; never changes which victim is taken; needs a transfer whose copies run beside compute ([`crate::swap`], *Copying ahead*) | `on` |
 //! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
+//! | `plan_moves` | `on`/`off`: where no plan placed without moving blocks fits the budget, the planner may make one that compacts its arena as an online step does, its moves charged (see [`DtrConfig::plan_moves`]) | `on` |
 //! | `release_at_boundary` | `on`/`off`: at each iteration boundary a caching-allocator budget gives back its cached free segments (PyTorch's `empty_cache`), so an iteration that runs online starts from the layout the first did (see [`DtrConfig::release_at_boundary`]) | `on` |
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
@@ -333,6 +334,16 @@ pub struct DtrConfig {
     /// *The online step on a cache the step before left*). Planned
     /// iterations place by their plan and are unaffected. On by default.
     pub release_at_boundary: bool,
+    /// Where no schedule placed without moving blocks fits the budget, let
+    /// the planner make a plan that moves them: the schedule simulated in a
+    /// compacting arena of the budget, its compactions steps of the plan
+    /// that the following iteration makes again, each moved byte charged at
+    /// [`DtrConfig::move_bandwidth`] ([`crate::IterationPlan::moves`]).
+    /// Without it such a budget runs every step online (MobileNetV3 at 25 %
+    /// of its peak: 2.14× against 1.448 planned with moves;
+    /// docs/dtr-results.md, *Plans that move blocks*). With swap on, plans
+    /// never move blocks. On by default.
+    pub plan_moves: bool,
 }
 
 impl Default for DtrConfig {
@@ -360,6 +371,7 @@ impl Default for DtrConfig {
             online_hold_first: false,
             keep_read_again: false,
             release_at_boundary: true,
+            plan_moves: true,
         }
     }
 }
@@ -531,6 +543,13 @@ impl DtrConfig {
         self
     }
 
+    /// Let plans move blocks where nothing else fits, or never (see
+    /// [`DtrConfig::plan_moves`]).
+    pub fn with_plan_moves(mut self, on: bool) -> Self {
+        self.plan_moves = on;
+        self
+    }
+
     /// Turn the thrash rescue on or off (see [`DtrConfig::thrash_rescue`]).
     pub fn with_thrash_rescue(mut self, on: bool) -> Self {
         self.thrash_rescue = on;
@@ -562,6 +581,7 @@ impl DtrConfig {
         "online_hold_first",
         "keep_read_again",
         "release_at_boundary",
+        "plan_moves",
         "megengine_cost",
         "megengine_memory",
         "megengine_staleness",
@@ -606,6 +626,7 @@ impl DtrConfig {
                 "online_hold_first" => c.online_hold_first = parse_switch(key, value)?,
                 "keep_read_again" => c.keep_read_again = parse_switch(key, value)?,
                 "release_at_boundary" => c.release_at_boundary = parse_switch(key, value)?,
+                "plan_moves" => c.plan_moves = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
                 "swap_bandwidth" => {
                     c.swap.bandwidth_gbps = Some(
@@ -781,7 +802,8 @@ mod tests {
             "budget:2GiB, budget_mode:logical,policy:dtr-eq,sampling:off,filter:off,\
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
              thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
-             online_hold_first:on,keep_read_again:on,release_at_boundary:off,copy_ahead:off",
+             online_hold_first:on,keep_read_again:on,release_at_boundary:off,copy_ahead:off,\
+             plan_moves:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -800,6 +822,7 @@ mod tests {
         assert!(c.online_hold_first && !DtrConfig::default().online_hold_first);
         assert!(c.keep_read_again && !DtrConfig::default().keep_read_again);
         assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
+        assert!(!c.plan_moves && DtrConfig::default().plan_moves);
         assert!(!c.swap.copy_ahead && DtrConfig::default().swap.copy_ahead);
         assert_eq!(DtrConfig::parse("").unwrap(), DtrConfig::default());
     }

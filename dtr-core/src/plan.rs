@@ -60,6 +60,14 @@ pub struct IterationPlan {
     /// Rounds of random restarts run (see [`crate::planner`]): at most
     /// [`crate::DtrConfig::MAX_PLAN_RESTARTS`], 0 with `plan_restarts:0`.
     pub restart_rounds: u32,
+    /// The plan moves blocks (placement `moving`): its schedule was simulated
+    /// in a compacting arena of the budget, and its [`StepKind::Compact`]
+    /// steps slide blocks where that simulation did, each moved byte charged
+    /// as a move ([`crate::DtrConfig::move_bandwidth`]). Its offsets are where
+    /// each allocation was placed when made; a block moved since is where the
+    /// compaction put it. Only where no plan placed without moves fits the
+    /// budget (see [`crate::planner`]).
+    pub moves: bool,
 }
 
 impl IterationPlan {
@@ -120,6 +128,20 @@ pub enum StepKind {
         prefix: bool,
         /// The storage is parked (see [`StepKind::EvictParked`]).
         parked: bool,
+    },
+    /// Open a hole as the simulation did (plans that move blocks,
+    /// [`IterationPlan::moves`]): one free run of `need` bytes, by sliding
+    /// the blocks of the window that moves fewest bytes, or, where no window
+    /// holds it, every resident block down
+    /// ([`crate::memory::arena::ArenaMemory::compact_for`],
+    /// [`crate::memory::arena::ArenaMemory::compact`]). The arena is
+    /// deterministic, so from the simulation's layout it moves the same
+    /// blocks to the same places. (The compaction before a group of
+    /// allocations is placed again after one failed is no step: the
+    /// follower fails at the plan's `Fail` step and compacts there itself.)
+    Compact {
+        /// The run to open (bytes as requested).
+        need: u64,
     },
 }
 

@@ -890,40 +890,66 @@ fn a_kept_regeneration_can_hold_only_what_it_reads_again() {
     assert!(read_again.overhead < all.overhead, "{read_again:?} {all:?}");
 }
 
-/// A boundary without a plan says why. MobileNetV3 at 25 % of its peak,
-/// physical budget: the planner's schedules cost as little as 1.29× its
-/// computations, but none places within the budget (its `threshold_backward`
-/// holds 1.85 of the 2.14 GB, and the static placements need 20–40 % over
-/// it), and shrinking the simulated budget to make them fit reaches that
-/// op's working set; so every step runs online (2.10×), and the report names
-/// the cheapest schedule and the arena it needed.
+/// Where no plan placed without moves fits, a plan moves blocks, and a
+/// boundary without a plan says why. MobileNetV3 at 25 % of its peak,
+/// physical budget: its `threshold_backward` holds 1.85 of the 2.14 GB, the
+/// planner's schedules cost as little as 1.29× its computations, but their
+/// static placements need 20–40 % over the budget, and shrinking the
+/// simulated budget to make them fit reaches that op's working set. With
+/// `plan_moves:off` every step runs online (2.10×) and the report names the
+/// cheapest schedule and the arena it needed; by default the schedule is
+/// simulated in a compacting arena and the plan repeats its compactions: the
+/// steps after the first follow it, at its simulated cost, without a
+/// divergence.
 #[test]
-fn a_boundary_without_a_plan_says_why() {
+fn where_no_placement_fits_a_plan_moves_blocks_or_says_why() {
     use remat_dtr::PlanStatus;
     let Some(path) = remat_trace::require_torch_trace(
-        "a_boundary_without_a_plan_says_why",
+        "where_no_placement_fits_a_plan_moves_blocks_or_says_why",
         "mobilenet_v3_large",
     ) else {
         return;
     };
     let trace = remat_trace::Trace::load(&path).unwrap();
     let budget = (remat_trace::baseline(&trace).unwrap().peak_bytes as f64 * 0.25) as u64;
-    let r = remat_dtr::replay::replay_ratio_iterations(
-        &trace,
-        0.25,
-        BudgetMode::Physical,
-        remat_dtr::PolicyKind::Remat,
-        &DtrConfig::default().with_move_bandwidth(Some(1500.0)),
-        2,
-    )
-    .unwrap();
-    let first = &r.iterations[0];
+    let run = |plan_moves: bool| {
+        remat_dtr::replay::replay_ratio_iterations(
+            &trace,
+            0.25,
+            BudgetMode::Physical,
+            remat_dtr::PolicyKind::Remat,
+            &DtrConfig::default()
+                .with_move_bandwidth(Some(1500.0))
+                .with_plan_moves(plan_moves),
+            3,
+        )
+        .unwrap()
+    };
+    let fixed = run(false);
+    let first = &fixed.iterations[0];
     assert_eq!(first.planning, Some(PlanStatus::NoPlan), "{first:?}");
     let why = first.no_plan.expect("a no-plan boundary says why");
     assert!(why.over_budget > 0 && why.impossible > 0, "{why}");
     let (ns, arena) = why.cheapest_unplaced.expect("some schedule ran to the end");
     assert!(arena > budget && why.budget.abs_diff(budget) <= 1, "{why}");
     assert!(ns < why.bound_ns, "{why}");
-    assert!(!r.iterations[1].planned);
     assert!(why.to_string().contains("needed a"), "{why}");
+    assert!(fixed.iterations[1..].iter().all(|it| !it.planned));
+
+    let moving = run(true);
+    assert_eq!(moving.iterations[0].overhead, first.overhead);
+    let plan = moving.iterations[0]
+        .next_plan
+        .as_ref()
+        .expect("a plan that moves");
+    assert!(plan.policy.ends_with("/moving"), "{}", plan.policy);
+    for it in &moving.iterations[1..] {
+        assert!(it.planned && it.divergences == 0, "{it:?}");
+        assert!(it.defrag_ns > 0, "the moves are charged: {it:?}");
+        assert!(
+            (it.overhead - plan.overhead).abs() < 1e-9,
+            "{it:?} {plan:?}"
+        );
+        assert!(it.overhead < 1.5 && it.overhead < first.overhead, "{it:?}");
+    }
 }

@@ -35,6 +35,16 @@
 //! iteration the runtime had to rescue, no more than twice its first
 //! computations: `Runtime::plan_bound`).
 //!
+//! Where no entry's schedule fits that way (a fixed placement of an eviction
+//! schedule needs slack over its live bytes, and an op whose working set is
+//! most of the budget leaves none), each entry is simulated once more in a
+//! *compacting* arena of the budget ([`crate::DtrConfig::plan_moves`]): where
+//! the free bytes hold a request but not in one piece it slides blocks (or
+//! evicts the cheapest window, whichever costs less), the moves charged, and
+//! each compaction becomes a [`crate::plan::StepKind::Compact`] step that the
+//! follower makes again; the arena is deterministic, so the blocks land where
+//! the simulation put them ([`crate::IterationPlan::moves`]).
+//!
 //! With swap on, a simulation copies a swapped storage back at its read, as
 //! an online step must; the iteration that follows the plan knows the read
 //! is coming and starts the copy once its destination in the plan's arena
@@ -164,6 +174,12 @@ enum Placement {
     /// alignment: what an online run in a compacting arena can hold (the
     /// physical floor, [`min_feasible_budget`]). Never a plan.
     Compacting(u64),
+    /// In a compacting arena of this many bytes (the budget): as `Arena`,
+    /// and where the free bytes hold a request but not in one piece, blocks
+    /// slide to open it (or the cheapest window is evicted, whichever costs
+    /// less, as online); the compactions become steps of the plan, and the
+    /// moves are charged. The offsets are each allocation's when made.
+    Moving(u64),
 }
 
 /// Whether restart round `seed` (1-based, at most
@@ -331,6 +347,18 @@ fn plan_with_work_limit(
         }
         if planner.simulations > simulated {
             rounds = seed;
+        }
+    }
+    // No schedule placed without moves fits: let the blocks move. A
+    // schedule that holds a request's bytes but not in one piece slides
+    // blocks to open it, as the online step in its compacting arena does,
+    // and the plan repeats the same compactions (its moves charged). Only
+    // where nothing else fits: a plan that never moves costs nothing to
+    // follow, and the placed ones were searched first. Swap off only (the
+    // follower's prefetches time copies by a fixed layout).
+    if planner.best.is_none() && physical && config.plan_moves && !config.swap.enabled {
+        for (name, entry) in PORTFOLIO {
+            planner.try_placement(name, entry, Placement::Moving(budget), false)?;
         }
     }
     let Planner {
@@ -639,6 +667,8 @@ impl Planner<'_> {
             }
         };
         let (mut offsets, mut arena, simulated_budget, mut mode) = match how {
+            // Blocks move: the arena is the budget's.
+            Placement::Moving(b) => (sim.offsets, b, b, "moving"),
             Placement::Arena(b) => {
                 let arena = sim
                     .requests
@@ -742,6 +772,7 @@ impl Planner<'_> {
                 plan_ms: 0.0,
                 simulations: 0,
                 restart_rounds: 0,
+                moves: matches!(how, Placement::Moving(_)),
             });
         }
         Ok(Outcome::Fits(room))

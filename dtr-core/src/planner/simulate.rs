@@ -113,6 +113,21 @@ impl MemoryModel for LoggedMemory {
     fn free_bytes(&self) -> u64 {
         self.inner.free_bytes()
     }
+    // A moving simulation's arena compacts; each block keeps its key, and
+    // its logged offset stays where it was placed.
+    fn can_compact(&self) -> bool {
+        self.inner.can_compact()
+    }
+    fn compact(
+        &mut self,
+        movable: &dyn Fn(u64) -> bool,
+        need: Option<u64>,
+    ) -> Option<Vec<(u64, u64)>> {
+        self.inner.compact(movable, need)
+    }
+    fn compaction_bytes(&mut self, movable: &dyn Fn(u64) -> bool, need: u64) -> Option<u64> {
+        self.inner.compaction_bytes(movable, need)
+    }
 }
 
 /// A value-free op with `fresh` outputs.
@@ -159,7 +174,7 @@ pub(super) fn simulate(
     swap_outs: bool,
 ) -> Result<(std::result::Result<Simulation, Infeasible>, u64)> {
     let (budget, mode) = match how {
-        Placement::Arena(b) => (b.min(capacity), BudgetMode::Physical),
+        Placement::Arena(b) | Placement::Moving(b) => (b.min(capacity), BudgetMode::Physical),
         Placement::Logical(b) | Placement::Compacting(b) => (b, BudgetMode::Logical),
     };
     let (kind, sampling) = match entry {
@@ -187,7 +202,7 @@ pub(super) fn simulate(
     };
     let log = Arc::new(Mutex::new(AllocLog::default()));
     let inner: Box<dyn MemoryModel> = match how {
-        Placement::Arena(_) => Box::new(ArenaMemory::new(budget, 0)),
+        Placement::Arena(_) | Placement::Moving(_) => Box::new(ArenaMemory::new(budget, 0)),
         Placement::Logical(b) => Box::new(LogicalBudget::new(Some(b))),
         Placement::Compacting(b) => Box::new(LogicalBudget::aligned(Some(b), ARENA_ALIGN)),
     };
@@ -197,6 +212,9 @@ pub(super) fn simulate(
     };
     let swap = sim_config.swap.enabled;
     let mut rt: Runtime<()> = Runtime::with_parts(sim_config, Box::new(memory), policy);
+    if matches!(how, Placement::Moving(_)) {
+        rt.allow_moves();
+    }
     if swap {
         // The plan may swap as the runtime would (a plan's copies are priced
         // and timed by the same model).

@@ -225,7 +225,7 @@ impl<V> Runtime<V> {
     /// 11.5× its compute against 5.1.)
     fn open_hole(&mut self, bytes: u64, free_bytes: u64) -> Result<bool> {
         let Some(gbps) = self.config.move_bandwidth else {
-            return self.defragment(Some(bytes));
+            return self.defragment_for(bytes);
         };
         if !self.defragmenting() {
             return Ok(false);
@@ -268,9 +268,20 @@ impl<V> Runtime<V> {
                 }
                 Ok(any)
             }
-            _ if move_ns.is_finite() => self.defragment(Some(bytes)),
+            _ if move_ns.is_finite() => self.defragment_for(bytes),
             _ => Ok(false),
         }
+    }
+
+    /// Open one free run of `bytes` by moving blocks
+    /// ([`Runtime::defragment`]); in a simulation that may become a plan that
+    /// moves blocks, the compaction is a step of that plan.
+    fn defragment_for(&mut self, bytes: u64) -> Result<bool> {
+        let moved = self.defragment(Some(bytes))?;
+        if moved && self.iter.follower.moving {
+            self.log_step(StepKind::Compact { need: bytes });
+        }
+        Ok(moved)
     }
 
     #[cold]

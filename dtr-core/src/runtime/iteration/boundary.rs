@@ -389,6 +389,7 @@ impl<V> Runtime<V> {
             self.adopt(&plan, &residents[..boundary.resident().len()])?;
         }
         self.iter.follower.following = next.is_some();
+        self.iter.follower.moving = next.as_ref().is_some_and(|p| p.moves);
         self.iter.follower.stable_order = next.is_some();
         self.iter.follower.plan = next;
         self.iter.follower.cursor = Cursor::default();

@@ -53,6 +53,10 @@ pub(crate) struct Follower {
     /// when they read each swap-in, so the planner can re-time the swap-ins
     /// as the follower will prefetch them ([`crate::planner::prefetch`]).
     pub sim_times: Option<SimTimes>,
+    /// Blocks may move while following a plan or simulating one: the plan
+    /// (or the simulation that may become one) compacts its arena
+    /// ([`IterationPlan::moves`]), and the moves are its steps.
+    pub moving: bool,
 }
 
 impl<V> Runtime<V> {
@@ -144,6 +148,13 @@ impl<V> Runtime<V> {
                 StepKind::SwapOut { at, prefix, parked } => {
                     if !self.planned_swap_out(at, prefix, parked)? {
                         self.diverge("a planned swap-out could not be taken");
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                StepKind::Compact { need } => {
+                    if !self.defragment(Some(need))? {
+                        self.diverge("a planned compaction could not be made");
                         return Ok(None);
                     }
                     continue;
@@ -332,6 +343,16 @@ impl<V> Runtime<V> {
         if !self.memory.has_addresses() {
             return Ok(());
         }
+        let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
+        let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
+        if plan.moves {
+            // Blocks move: an address-ordered arena, checked at each
+            // allocation, instead of the layout's fixed predecessors.
+            let arena = ArenaMemory::new(capacity, plan.arena_bytes);
+            self.iter.follower.freed_at.clear();
+            self.by_ptr_stale = true;
+            return self.move_into_arena(arena, placed);
+        }
         let layout = match &self.iter.follower.layout {
             Some((p, l)) if Arc::ptr_eq(p, plan) => l.clone(),
             _ => {
@@ -344,8 +365,6 @@ impl<V> Runtime<V> {
         if self.host.is_some() {
             self.iter.follower.freed_at.resize(layout.len(), f64::NAN);
         }
-        let capacity = self.memory.capacity().unwrap_or(plan.arena_bytes);
-        let placed = residents.iter().copied().zip(plan.offsets.iter().copied());
         let arena = ArenaMemory::with_layout(capacity, plan.arena_bytes, layout);
         // Following the plan never reads the address map: keep it lazily.
         self.by_ptr_stale = true;
@@ -400,6 +419,12 @@ impl<V> Runtime<V> {
         }
         self.iter.set_prefix(&storages);
         Ok(())
+    }
+
+    /// Let this simulation move blocks: its compactions become
+    /// [`StepKind::Compact`] steps of the plan it may become.
+    pub(crate) fn allow_moves(&mut self) {
+        self.iter.follower.moving = true;
     }
 
     /// The simulation's frees and swap-ins, timed (see [`Runtime::restart_numbering`]).

@@ -6,7 +6,7 @@
 //! | part | state | what it does | hooks the runtime calls |
 //! |---|---|---|---|
 //! | [`record`] | [`Recorder`] | notes every public call as an [`crate::Event`] of the iteration's [`crate::Recording`], names live tensors ([`crate::Ref`]) | `note` (each public call), `track` (its result), `on_new_tensor`, `on_tensor_gone` |
-//! | [`follow`] | [`Follower`] | follows the plan: at each allocation, the plan's evictions there and its offset; a call or step that differs is a divergence; simulations log the steps that become a plan | `planned_alloc` (evict.rs, each allocation), `log_eviction` / `log_step` (evict.rs, in simulations) |
+//! | [`follow`] | [`Follower`] | follows the plan: at each allocation, the plan's evictions (and, in a plan that moves blocks, compactions) there and its offset; a call or step that differs is a divergence; simulations log the steps that become a plan | `planned_alloc` (evict.rs, each allocation), `log_eviction` / `log_step` (evict.rs, in simulations) |
 //! | [`rescue`] | [`Rescue`] | an online iteration that is losing: defragmenting arena, lineage-priced policy (MSPS), the arena fallback when the allocator's layout is the floor | `rescue_from_thrashing` (regen.rs, each hold), `rescue_from_fragmentation` (mod.rs, before an op), `fall_back_to_arena` / `defragment` / `note_fragmentation` (evict.rs), `losing_since` (regen.rs) |
 //! | [`boundary`] | [`Planning`] | `end_iteration`: freeze the resident, make the evicted stale, name the start state, plan the next iteration (now or on a thread), adopt the plan's layout | the public `end_iteration` and `min_feasible_budget` |
 //!

@@ -60,9 +60,15 @@ impl<V> Runtime<V> {
         self.iter.follower.plan_log.is_none() && !self.iter.follower.following
     }
 
+    /// Whether [`Runtime::defragment`] may move blocks at all: online, or
+    /// following (or simulating) a plan that moves them.
+    fn may_move_blocks(&self) -> bool {
+        self.can_move() || self.iter.follower.moving
+    }
+
     /// Whether [`Runtime::defragment`] would move blocks of this memory.
     pub(in crate::runtime) fn defragmenting(&self) -> bool {
-        self.can_move() && self.memory.can_compact()
+        self.may_move_blocks() && self.memory.can_compact()
     }
 
     /// Called where no allocation is in flight (before an op places its
@@ -221,7 +227,7 @@ impl<V> Runtime<V> {
     /// free run of `need` bytes at the least bytes moved, else slide every
     /// resident storage down. `false` when the model cannot.
     pub(in crate::runtime) fn defragment(&mut self, need: Option<u64>) -> Result<bool> {
-        if !self.can_move() {
+        if !self.may_move_blocks() {
             return Ok(false);
         }
         self.refresh_by_ptr();
