@@ -21,7 +21,7 @@
 //! | `swap_bandwidth` | GB/s per direction, > 0 (24 for PCIe 4.0 ×16); unset, the adapter measures it, and a runtime with neither refuses swap | unset |
 //! | `copy_ahead` | `on`/`off`: with swap on, an online step keeps the idle device-to-host engine copying an old candidate that would be swapped if taken (else the oldest) to the host tier, so its later swap-out frees its memory at once; never changes which victim is taken; needs a transfer whose copies run beside compute ([`crate::swap`], *Copying ahead*) | `on` |
 //! | `host_budget` | bytes, `<n>%` of the device budget, or `none`: the most the host tier holds | `none` |
-//! | `plan_moves` | `on`/`off`: where no plan placed without moving blocks fits the budget, the planner may make one that compacts its arena as an online step does, its moves charged (see [`DtrConfig::plan_moves`]) | `on` |
+//! | `plan_moves` | `on`/`off`: the planner may make plans that compact their arena as an online step does, its moves charged: where no plan placed without moving blocks fits the budget, and where moves have a price and cost less than the fixed placement's extra evictions (see [`DtrConfig::plan_moves`]) | `on` |
 //! | `release_at_boundary` | `on`/`off`: at each iteration boundary a caching-allocator budget gives back its cached free segments (PyTorch's `empty_cache`), so an iteration that runs online starts from the layout the first did (see [`DtrConfig::release_at_boundary`]) | `on` |
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
@@ -334,15 +334,16 @@ pub struct DtrConfig {
     /// *The online step on a cache the step before left*). Planned
     /// iterations place by their plan and are unaffected. On by default.
     pub release_at_boundary: bool,
-    /// Where no schedule placed without moving blocks fits the budget, let
-    /// the planner make a plan that moves them: the schedule simulated in a
-    /// compacting arena of the budget, its compactions steps of the plan
+    /// Let the planner make plans that move blocks: a schedule simulated in
+    /// a compacting arena of the budget, its compactions steps of the plan
     /// that the following iteration makes again, each moved byte charged at
     /// [`DtrConfig::move_bandwidth`] ([`crate::IterationPlan::moves`]).
-    /// Without it such a budget runs every step online (MobileNetV3 at 25 %
-    /// of its peak: 2.14× against 1.448 planned with moves;
-    /// docs/dtr-results.md, *Plans that move blocks*). With swap on, plans
-    /// never move blocks. On by default.
+    /// Every entry is tried so where no schedule placed without moves fits
+    /// the budget (else every step runs online: MobileNetV3 at 25 % of its
+    /// peak, 2.14× against 1.448 planned with moves), and the winning
+    /// entry's schedule where moves have a price (`move_bandwidth` set),
+    /// taken where it costs less (docs/dtr-results.md, *Plans that move
+    /// blocks*). With swap on, plans never move blocks. On by default.
     pub plan_moves: bool,
 }
 

@@ -65,8 +65,9 @@ pub struct IterationPlan {
     /// steps slide blocks where that simulation did, each moved byte charged
     /// as a move ([`crate::DtrConfig::move_bandwidth`]). Its offsets are where
     /// each allocation was placed when made; a block moved since is where the
-    /// compaction put it. Only where no plan placed without moves fits the
-    /// budget (see [`crate::planner`]).
+    /// compaction put it. Made where no plan placed without moves fits the
+    /// budget, or where moves have a price and the winning schedule costs
+    /// less with them (see [`crate::planner`]).
     pub moves: bool,
 }
 

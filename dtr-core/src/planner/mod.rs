@@ -38,8 +38,11 @@
 //! Where no entry's schedule fits that way (a fixed placement of an eviction
 //! schedule needs slack over its live bytes, and an op whose working set is
 //! most of the budget leaves none), each entry is simulated once more in a
-//! *compacting* arena of the budget ([`crate::DtrConfig::plan_moves`]): where
-//! the free bytes hold a request but not in one piece it slides blocks (or
+//! *compacting* arena of the budget ([`crate::DtrConfig::plan_moves`]); where
+//! one fits and moves have a price, the winning entry is (its fixed
+//! placement may have needed a shrunk budget), taken if cheaper. In that
+//! arena, where the free bytes hold a request but not in one piece, the
+//! simulation slides blocks (or
 //! evicts the cheapest window, whichever costs less), the moves charged, and
 //! each compaction becomes a [`crate::plan::StepKind::Compact`] step that the
 //! follower makes again; the arena is deterministic, so the blocks land where
@@ -282,6 +285,7 @@ fn plan_with_work_limit(
         future: Arc::new(future_of(rec)),
         measured_ns,
         best: None,
+        best_entry: None,
         best_simulated: f64::INFINITY,
         placed_fit: None,
         simulations: 0,
@@ -349,16 +353,30 @@ fn plan_with_work_limit(
             rounds = seed;
         }
     }
-    // No schedule placed without moves fits: let the blocks move. A
-    // schedule that holds a request's bytes but not in one piece slides
-    // blocks to open it, as the online step in its compacting arena does,
-    // and the plan repeats the same compactions (its moves charged). Only
-    // where nothing else fits: a plan that never moves costs nothing to
-    // follow, and the placed ones were searched first. Swap off only (the
-    // follower's prefetches time copies by a fixed layout).
-    if planner.best.is_none() && physical && config.plan_moves && !config.swap.enabled {
-        for (name, entry) in PORTFOLIO {
-            planner.try_placement(name, entry, Placement::Moving(budget), false)?;
+    // Plans that move blocks (swap off only: the follower's prefetches time
+    // copies by a fixed layout). A schedule that holds a request's bytes
+    // but not in one piece slides blocks to open it, as the online step in
+    // its compacting arena does, and the plan repeats the same compactions
+    // (its moves charged).
+    if physical && config.plan_moves && !config.swap.enabled {
+        match planner.best_entry {
+            // No schedule placed without moves fits: every entry, moving.
+            None => {
+                for (name, entry) in PORTFOLIO {
+                    planner.try_placement(name, entry, Placement::Moving(budget), false)?;
+                }
+            }
+            // The winner's fixed placement may have needed a shrunk budget
+            // (more evictions): its schedule at the full budget with moves,
+            // taken where it costs less, moves included. One simulation
+            // (the other entries' at every boundary found two more cells
+            // lower and cost 15 % more planning: docs/dtr-results.md). Only
+            // where moves have a price: free, a moving plan would replace
+            // nearly every fixed one.
+            Some((name, entry)) if config.move_bandwidth.is_some() => {
+                planner.try_placement(name, entry, Placement::Moving(budget), false)?;
+            }
+            Some(_) => {}
         }
     }
     let Planner {
@@ -524,6 +542,8 @@ struct Planner<'a> {
     future: Arc<Future>,
     measured_ns: f64,
     best: Option<IterationPlan>,
+    /// The portfolio entry that made `best`.
+    best_entry: Option<(&'static str, Entry)>,
     /// The best plan's simulated cost before its swap-ins were re-timed as
     /// prefetched (ns): what later simulations are cut off by. They time
     /// their swap-ins at the read, so against the re-timed cost they would
@@ -754,6 +774,7 @@ impl Planner<'_> {
         }
         if self.best.as_ref().is_none_or(|p| total_ns < p.total_ns) {
             self.best_simulated = sim.total_ns;
+            self.best_entry = Some((name, entry));
             self.best = Some(IterationPlan {
                 recording: self.rec.clone(),
                 steps: sim.steps,
