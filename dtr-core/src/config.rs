@@ -544,7 +544,7 @@ impl DtrConfig {
         self
     }
 
-    /// Let plans move blocks where nothing else fits, or never (see
+    /// Let the planner make plans that move blocks, or never (see
     /// [`DtrConfig::plan_moves`]).
     pub fn with_plan_moves(mut self, on: bool) -> Self {
         self.plan_moves = on;
