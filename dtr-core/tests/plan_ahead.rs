@@ -846,6 +846,26 @@ fn a_swapping_plan_is_held_to_the_recompute_plan_without_its_stalls() {
     );
 }
 
+/// `iterations` steps of `trace` at `ratio` of its peak under a physical
+/// budget, remat's default policy, `config` otherwise, and moves charged as
+/// `remat replay` charges them (1 500 GB/s, the roofline's HBM).
+fn replay_as_the_cli(
+    trace: &remat_trace::Trace,
+    ratio: f64,
+    config: DtrConfig,
+    iterations: usize,
+) -> remat_dtr::replay::ReplayReport {
+    remat_dtr::replay::replay_ratio_iterations(
+        trace,
+        ratio,
+        BudgetMode::Physical,
+        remat_dtr::PolicyKind::Remat,
+        &config.with_move_bandwidth(Some(1500.0)),
+        iterations,
+    )
+    .unwrap()
+}
+
 /// With `keep_read_again`, a regeneration that makes its step lose keeps
 /// only what it reads again. T5-small at 0.4 of its peak (a PyTorch-logged
 /// trace): the first step's losing regenerations replay the forward for
@@ -866,18 +886,12 @@ fn a_kept_regeneration_can_hold_only_what_it_reads_again() {
     };
     let trace = remat_trace::Trace::load(&path).unwrap();
     let run = |keep_read_again: bool| {
-        remat_dtr::replay::replay_ratio_iterations(
+        replay_as_the_cli(
             &trace,
             0.4,
-            BudgetMode::Physical,
-            remat_dtr::PolicyKind::Remat,
-            // Moves charged as `remat replay` charges them (the roofline's HBM).
-            &DtrConfig::default()
-                .with_move_bandwidth(Some(1500.0))
-                .with_keep_read_again(keep_read_again),
+            DtrConfig::default().with_keep_read_again(keep_read_again),
             2,
         )
-        .unwrap()
     };
     let (all, read_again) = (run(false), run(true));
     for r in [&all, &read_again] {
@@ -913,17 +927,12 @@ fn where_no_placement_fits_a_plan_moves_blocks_or_says_why() {
     let trace = remat_trace::Trace::load(&path).unwrap();
     let budget = (remat_trace::baseline(&trace).unwrap().peak_bytes as f64 * 0.25) as u64;
     let run = |plan_moves: bool| {
-        remat_dtr::replay::replay_ratio_iterations(
+        replay_as_the_cli(
             &trace,
             0.25,
-            BudgetMode::Physical,
-            remat_dtr::PolicyKind::Remat,
-            &DtrConfig::default()
-                .with_move_bandwidth(Some(1500.0))
-                .with_plan_moves(plan_moves),
+            DtrConfig::default().with_plan_moves(plan_moves),
             3,
         )
-        .unwrap()
     };
     let fixed = run(false);
     let first = &fixed.iterations[0];

@@ -31,6 +31,17 @@ fn unrepeated(last: Option<(f64, f64)>, report: &IterationReport) -> bool {
         })
 }
 
+/// What planning gave, as a boundary reports it: the plan and
+/// [`PlanStatus::Planned`], or [`PlanStatus::NoPlan`] and why.
+fn outcome(
+    planned: crate::planner::Planned,
+) -> (Option<IterationPlan>, PlanStatus, Option<NoPlan>) {
+    match planned {
+        Ok(plan) => (Some(plan), PlanStatus::Planned, None),
+        Err(why) => (None, PlanStatus::NoPlan, Some(why)),
+    }
+}
+
 /// A plan being made on a background thread from `recording`.
 pub(crate) struct PendingPlan {
     recording: Arc<Recording>,
@@ -156,10 +167,7 @@ impl<V> Runtime<V> {
                     Error::Internal("the background planning thread panicked".into())
                 })??;
                 if planned.is_ok() || measured_ns <= p.bound {
-                    return Ok(match planned {
-                        Ok(plan) => (Some(plan), PlanStatus::Planned, None),
-                        Err(why) => (None, PlanStatus::NoPlan, Some(why)),
-                    });
+                    return Ok(outcome(planned));
                 }
             }
         }
@@ -436,12 +444,9 @@ impl<V> Runtime<V> {
             let (plan, status, why) = self.plan_in_background(rec, bound)?;
             return Ok((plan.map(Arc::new), status, why));
         }
-        Ok(
-            match crate::planner::plan_iteration(&rec, &self.config, bound)? {
-                Ok(plan) => (Some(Arc::new(plan)), PlanStatus::Planned, None),
-                Err(why) => (None, PlanStatus::NoPlan, Some(why)),
-            },
-        )
+        let (plan, status, why) =
+            outcome(crate::planner::plan_iteration(&rec, &self.config, bound)?);
+        Ok((plan.map(Arc::new), status, why))
     }
 
     /// The ended iteration's recording `rec` started from another state than
