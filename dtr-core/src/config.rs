@@ -340,10 +340,12 @@ pub struct DtrConfig {
     /// [`DtrConfig::move_bandwidth`] ([`crate::IterationPlan::moves`]).
     /// Every entry is tried so where no schedule placed without moves fits
     /// the budget (else every step runs online: MobileNetV3 at 25 % of its
-    /// peak, 2.14× against 1.448 planned with moves), and the winning
-    /// entry's schedule where moves have a price (`move_bandwidth` set),
-    /// taken where it costs less (docs/dtr-results.md, *Plans that move
-    /// blocks*). With swap on, plans never move blocks. On by default.
+    /// peak, 2.14× against 1.448 planned with moves); where moves have a
+    /// price (`move_bandwidth` set), the winning entry's schedule, and each
+    /// entry whose schedule at the full budget cost less than the best plan
+    /// but did not place, taken where it costs less (docs/dtr-results.md,
+    /// *Plans that move blocks*). With swap on, plans never move blocks. On
+    /// by default.
     pub plan_moves: bool,
 }
 

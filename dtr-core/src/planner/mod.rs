@@ -40,7 +40,9 @@
 //! most of the budget leaves none), each entry is simulated once more in a
 //! *compacting* arena of the budget ([`crate::DtrConfig::plan_moves`]); where
 //! one fits and moves have a price, the winning entry is (its fixed
-//! placement may have needed a shrunk budget), taken if cheaper. In that
+//! placement may have needed a shrunk budget), and so is each entry whose
+//! schedule at the full budget cost less than the best plan but whose fixed
+//! placement passed the budget, each taken if cheaper. In that
 //! arena, where the free bytes hold a request but not in one piece, the
 //! simulation slides blocks (or
 //! evicts the cheapest window, whichever costs less), the moves charged, and
@@ -288,6 +290,7 @@ fn plan_with_work_limit(
         best_entry: None,
         best_simulated: f64::INFINITY,
         placed_fit: None,
+        over_at_budget: Vec::new(),
         simulations: 0,
         work: 0,
         swap_outs: swapping.is_some(),
@@ -368,13 +371,34 @@ fn plan_with_work_limit(
             }
             // The winner's fixed placement may have needed a shrunk budget
             // (more evictions): its schedule at the full budget with moves,
-            // taken where it costs less, moves included. One simulation
-            // (the other entries' at every boundary found two more cells
-            // lower and cost 15 % more planning: docs/dtr-results.md). Only
-            // where moves have a price: free, a moving plan would replace
-            // nearly every fixed one.
-            Some((name, entry)) if config.move_bandwidth.is_some() => {
+            // taken where it costs less, moves included. Then the entries
+            // whose schedule at the full budget, unplaced, already cost less
+            // than the best plan, cheapest first: a compacting arena holds
+            // what that budget holds, so such a schedule is what a moving
+            // plan of the entry can approach, and one that cost more cannot
+            // win. Of each entry, its cheapest copy; the other copies while
+            // the planning work is under the restarts' limit. Only where
+            // moves have a price: free, a moving plan would replace nearly
+            // every fixed one.
+            Some(winner) if config.move_bandwidth.is_some() => {
+                let mut tried = vec![winner];
+                let (name, entry) = winner;
                 planner.try_placement(name, entry, Placement::Moving(budget), false)?;
+                let mut over = std::mem::take(&mut planner.over_at_budget);
+                over.sort_by(|a, b| a.0.total_cmp(&b.0));
+                for (ns, name, entry) in over {
+                    if planner.best.as_ref().is_none_or(|p| ns >= p.total_ns) {
+                        break;
+                    }
+                    let same = |&(n, e): &(&str, Entry)| n == name && e.seed() == entry.seed();
+                    // The winner does not count as its entry's copy.
+                    let copy_of_tried = tried[1..].iter().any(|&(n, _)| n == name);
+                    if tried.iter().any(same) || (copy_of_tried && planner.work >= work_limit) {
+                        continue;
+                    }
+                    tried.push((name, entry));
+                    planner.try_placement(name, entry, Placement::Moving(budget), false)?;
+                }
             }
             Some(_) => {}
         }
@@ -551,6 +575,10 @@ struct Planner<'a> {
     best_simulated: f64,
     /// The largest simulated budget at which a placed schedule fitted.
     placed_fit: Option<u64>,
+    /// The entries whose schedule at the full budget ran to the end but
+    /// whose fixed placement passed it, with that schedule's cost (ns):
+    /// the ones a compacting arena could place at the full budget.
+    over_at_budget: Vec<(f64, &'static str, Entry)>,
     simulations: u32,
     /// [`Runtime::decision_work`] plus the recorded events driven, over every
     /// simulation so far (cut-off ones included): a deterministic measure of
@@ -769,6 +797,9 @@ impl Planner<'_> {
                 .is_none_or(|(ns, _)| total_ns < ns)
             {
                 self.search.cheapest_unplaced = Some((total_ns, arena));
+            }
+            if how == Placement::Logical(self.budget) {
+                self.over_at_budget.push((total_ns, name, entry));
             }
             return Ok(Outcome::Over(arena));
         }
