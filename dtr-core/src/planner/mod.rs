@@ -373,10 +373,12 @@ fn plan_with_work_limit(
             // (more evictions): its schedule at the full budget with moves,
             // taken where it costs less, moves included. Then the entries
             // whose schedule at the full budget, unplaced, already cost less
-            // than the best plan, cheapest first: a compacting arena holds
-            // what that budget holds, so such a schedule is what a moving
-            // plan of the entry can approach, and one that cost more cannot
-            // win. Of each entry, its cheapest copy; the other copies while
+            // than the best plan, cheapest first: a compacting arena evicts
+            // what that budget evicts, plus moves or a window where a hole
+            // is missing, so such a schedule is what a moving plan of the
+            // entry can approach, and one that cost more is not expected to
+            // win (not a proof: the paths may part). Of each entry, its
+            // cheapest copy; the other copies while
             // the planning work is under the restarts' limit. Only where
             // moves have a price: free, a moving plan would replace nearly
             // every fixed one.
