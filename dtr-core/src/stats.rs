@@ -39,6 +39,15 @@ pub struct RuntimeStats {
     pub free_at_failure_by_pool: [f64; 3],
     /// Policy decisions taken.
     pub decisions: u64,
+    /// Of [`RuntimeStats::decisions`], under a caching-allocator budget:
+    /// those that emptied several whole segments together for one request
+    /// (no cached segment held it, and the device had no room for a new
+    /// segment). Everything resident in them went, whatever its price: the
+    /// allocator's layout, not the live bytes, chose those victims. Where
+    /// an online step costs far more than the same step under a logical
+    /// budget, this is the count to look at (docs/dtr-results.md, *The
+    /// caching allocator's segments*).
+    pub segment_releases: u64,
     /// Candidates offered to the policy over all decisions (the sum of the
     /// pools' sizes): how much the decisions had to scan.
     pub candidates_offered: u64,

@@ -221,3 +221,36 @@ fn sampling_is_seeded_and_deterministic() {
     assert_eq!(run(1), run(1));
     assert_ne!(run(1).1, run(2).1, "different seeds sample differently");
 }
+
+/// Under a caching-allocator budget, a request that no cached segment holds,
+/// with no room on the device for a new segment, takes several whole
+/// segments at once; the decision is counted, so a user can see where the
+/// allocator's layout, not the live bytes, chose the victims. 64 MiB budget:
+/// four 12 MiB outputs take a 12 MiB segment each (PyTorch rounds requests
+/// over 10 MiB to 2 MiB, one segment each), leaving 14 MiB on the device. A
+/// 24 MiB request needs one of them emptied (14 + 12 MiB); a 30 MiB request
+/// needs two. Under a logical budget nothing is counted.
+#[test]
+fn a_request_that_takes_several_whole_segments_is_counted() {
+    const MIB: u64 = 1 << 20;
+    for policy in [PolicyKind::Remat, PolicyKind::Coop] {
+        let run = |mode: BudgetMode, request: u64| {
+            let mut rt = runtime(policy, mode, 64 * MIB);
+            let x = rt.put(0, 64 * KIB).unwrap();
+            let f = op();
+            for _ in 0..4 {
+                rt.apply(f.clone(), &[x], &[OutputSpec::fresh(12 * MIB)], 10)
+                    .unwrap();
+            }
+            let before = rt.stats().evictions;
+            rt.apply(f, &[x], &[OutputSpec::fresh(request)], 1).unwrap();
+            rt.check_invariants().unwrap();
+            let s = rt.stats();
+            (s.segment_releases, s.evictions - before)
+        };
+        assert_eq!(run(BudgetMode::Physical, 30 * MIB), (1, 2), "{policy}");
+        assert_eq!(run(BudgetMode::Physical, 24 * MIB), (0, 1), "{policy}");
+        let (releases, _) = run(BudgetMode::Logical, 30 * MIB);
+        assert_eq!(releases, 0, "{policy}");
+    }
+}

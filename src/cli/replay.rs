@@ -204,6 +204,7 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
         "evictions": r.evictions,
         "rematerializations": r.rematerializations,
         "decisions": r.decisions,
+        "segment_releases": r.segment_releases,
         "decision_ns_median": r.decision_ns_median,
         "reserved_over_budget": r.reserved_over_budget,
         "mean_free_at_eviction": r.mean_free_at_eviction,
@@ -234,6 +235,7 @@ fn iteration_json(it: &remat_dtr::replay::IterationRow) -> serde_json::Value {
         "released_bytes": it.released_bytes,
         "evictions": it.evictions,
         "rematerializations": it.rematerializations,
+        "segment_releases": it.segment_releases,
         "planned": it.planned,
         "divergences": it.divergences,
         "arena_bytes": it.arena_bytes,
@@ -357,6 +359,14 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                 None => "not charged".to_string(),
             };
             println!("  defragmentation moved {} B ({priced})", r.defrag_bytes);
+        }
+        if r.segment_releases > 0 {
+            println!(
+                "  {} eviction decisions emptied several whole segments for one request: the \
+                 caching allocator's layout chose those victims (docs/dtr-results.md, \
+                 *The caching allocator's segments*)",
+                r.segment_releases
+            );
         }
         if let Some(e) = &r.error {
             println!("  {e}");

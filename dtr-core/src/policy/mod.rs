@@ -97,6 +97,10 @@ pub struct DecisionView<'a> {
     pub(crate) defragmenting: bool,
     /// [`DecisionView::pool`] is a sample, not every candidate.
     pub(crate) sampled: bool,
+    /// Set by the decision: how many whole segments its window empties
+    /// together to make room for a new one (0: a run inside one segment, or
+    /// one segment). See [`crate::RuntimeStats::segment_releases`].
+    pub(crate) segments_emptied: usize,
 }
 
 impl<'a> DecisionView<'a> {

@@ -154,7 +154,10 @@ pub fn cheapest_window(
         }
     }
     let (cost, bytes, ranges) = match (multi, best) {
-        (Some(m), _) => m,
+        (Some(m), _) => {
+            view.segments_emptied = m.2.len();
+            m
+        }
         (None, Some((c, b, lo, hi))) => (c, b, vec![(lo, hi)]),
         (None, None) => return None,
     };

@@ -179,6 +179,9 @@ pub struct ReplayReport {
     pub rematerializations: u64,
     /// Eviction decisions taken.
     pub decisions: u64,
+    /// Of those, the ones that emptied several whole segments together for
+    /// one request ([`crate::RuntimeStats::segment_releases`]).
+    pub segment_releases: u64,
     /// Median decision time in ns (0 with no decision).
     pub decision_ns_median: u64,
     /// Coop's metric: mean free bytes at allocations that needed eviction / budget.
@@ -230,6 +233,9 @@ pub struct IterationRow {
     pub evictions: u64,
     /// Its rematerializations.
     pub rematerializations: u64,
+    /// Its eviction decisions that emptied several whole segments together
+    /// for one request ([`crate::RuntimeStats::segment_releases`]).
+    pub segment_releases: u64,
     /// It started under a plan.
     pub planned: bool,
     /// Times it left its plan.
@@ -779,6 +785,7 @@ fn drive(
             defrag_ns: (s.defrag_ns - at_start.defrag_ns).round() as u64,
             evictions: s.evictions - at_start.evictions,
             rematerializations: s.rematerializations - at_start.rematerializations,
+            segment_releases: s.segment_releases - at_start.segment_releases,
             planned: d.rt.current_plan().is_some(),
             divergences: (s.divergences - at_start.divergences) as u32,
             arena_bytes: d.rt.current_plan().map(|p| p.arena_bytes),
@@ -846,6 +853,7 @@ fn drive(
         evictions: stats.evictions,
         rematerializations: stats.rematerializations,
         decisions: stats.decisions,
+        segment_releases: stats.segment_releases,
         decision_ns_median: median(&mut decisions),
         mean_free_at_eviction: budget.map_or(0.0, |b| stats.mean_free_at_failure(b)),
         mean_free_at_eviction_by_pool: budget

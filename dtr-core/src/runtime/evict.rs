@@ -252,6 +252,7 @@ impl<V> Runtime<V> {
                 request,
                 defragmenting: false,
                 sampled: false,
+                segments_emptied: 0,
             };
             cheapest_window(&mut view, &mut blocks, false, |v, s| {
                 let regen = v.graph.regeneration_cost(s, super::swap::REGEN_PRICE_NODES);
@@ -419,14 +420,15 @@ impl<V> Runtime<V> {
     }
 
     /// Fill the pool and let the policy put its victims for `request` in
-    /// `self.victims` (nothing is evicted).
-    pub(super) fn choose_victims(&mut self, request: Request) {
+    /// `self.victims` (nothing is evicted). Returns how many whole segments
+    /// the choice empties together (see [`DecisionView`]).
+    pub(super) fn choose_victims(&mut self, request: Request) -> usize {
         self.refresh_by_ptr();
         let defragmenting = self.defragmenting();
         self.fill_pool();
         self.victims.clear();
         if self.pool.is_empty() {
-            return;
+            return 0;
         }
         let mut view = DecisionView {
             graph: &mut self.graph,
@@ -437,8 +439,10 @@ impl<V> Runtime<V> {
             request,
             defragmenting,
             sampled: self.pool_sampled,
+            segments_emptied: 0,
         };
         self.policy.choose(&mut view, &mut self.victims);
+        view.segments_emptied
     }
 
     /// One policy decision and its evictions. `false` when nothing is evictable.
@@ -448,9 +452,12 @@ impl<V> Runtime<V> {
             return Ok(false);
         }
         let start = Instant::now();
-        self.choose_victims(request);
+        let segments_emptied = self.choose_victims(request);
         let elapsed = start.elapsed().as_nanos().min(u32::MAX as u128) as u32;
         self.stats.decisions += 1;
+        if segments_emptied > 1 {
+            self.stats.segment_releases += 1;
+        }
         self.stats.candidates_offered += self.pool.len() as u64;
         if self.record_decisions {
             self.decision_ns.push(elapsed);
