@@ -382,23 +382,26 @@ fn plan_with_work_limit(
             // the planning work is under the restarts' limit. Only where
             // moves have a price: free, a moving plan would replace nearly
             // every fixed one.
-            Some(winner) if config.move_bandwidth.is_some() => {
-                let mut tried = vec![winner];
-                let (name, entry) = winner;
+            Some((name, entry)) if config.move_bandwidth.is_some() => {
                 planner.try_placement(name, entry, Placement::Moving(budget), false)?;
+                // Simulated with moves: the winner, then (name, seed) of each.
+                let mut tried = vec![(name, entry.seed())];
+                // Entries one of whose copies was tried after the winner.
+                let mut entries_tried: Vec<&str> = Vec::new();
                 let mut over = std::mem::take(&mut planner.over_at_budget);
                 over.sort_by(|a, b| a.0.total_cmp(&b.0));
                 for (ns, name, entry) in over {
                     if planner.best.as_ref().is_none_or(|p| ns >= p.total_ns) {
                         break;
                     }
-                    let same = |&(n, e): &(&str, Entry)| n == name && e.seed() == entry.seed();
-                    // The winner does not count as its entry's copy.
-                    let copy_of_tried = tried[1..].iter().any(|&(n, _)| n == name);
-                    if tried.iter().any(same) || (copy_of_tried && planner.work >= work_limit) {
+                    let another_copy = entries_tried.contains(&name);
+                    if tried.contains(&(name, entry.seed()))
+                        || (another_copy && planner.work >= work_limit)
+                    {
                         continue;
                     }
-                    tried.push((name, entry));
+                    tried.push((name, entry.seed()));
+                    entries_tried.push(name);
                     planner.try_placement(name, entry, Placement::Moving(budget), false)?;
                 }
             }
