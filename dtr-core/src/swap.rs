@@ -38,6 +38,21 @@
 //! Parameters, inputs and other non-recomputable storages become candidates
 //! too when swap is on; their only price is the copy.
 //!
+//! # In a plan: the stall a prefetched swap leaves (Capuchin's test)
+//!
+//! The round trip is what an online step pays. A plan prefetches, so a swap
+//! whose copy out and copy back both fit before the storage's next read,
+//! beside the copies back already booked on the engine, stalls nothing,
+//! however many bytes it moves; where the link has idle time, swapping a
+//! storage that is cheap to replay then costs less than replaying it. So
+//! the planner's swapping pass simulates its winner once more (the
+//! recompute-only winner where no swap paid) choosing each victim's fate by
+//! that expected stall, read from the recording's future
+//! (`Runtime::price_swaps_by_future`); the plan competes by its re-timed,
+//! placed cost and is taken only where that is lower. Capuchin (ASPLOS'20)
+//! chooses between swapping and recomputing by the same test, the "free
+//! time" between an eviction and the next access.
+//!
 //! # Copying ahead
 //!
 //! Online, a swap-out is chosen when memory is needed, so its copy is on the

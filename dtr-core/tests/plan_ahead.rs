@@ -846,6 +846,52 @@ fn a_swapping_plan_is_held_to_the_recompute_plan_without_its_stalls() {
     );
 }
 
+/// A plan may swap a storage whose round trip costs more than its replay,
+/// where both copies fit before its next read (Capuchin's test). Each
+/// forward activation (4 MiB) is made from the input in 100 µs and read
+/// once, by its backward op, after a 50 ms op; at 24 GB/s a copy takes
+/// 175 µs each way, so the online rule (swap only where the round trip,
+/// 350 µs, costs less than the replay) recomputes every one, and so did
+/// every plan before the swapping pass's winner was simulated once more
+/// with each swap priced by the stall it leaves once prefetched. The
+/// backward ops (400 µs) leave the link time to bring each copy back.
+#[test]
+fn a_plan_swaps_what_its_copies_can_hide_before_the_next_read() {
+    use remat_dtr::replay::ReplayStatus;
+    const MIB: u64 = 1 << 20;
+    let layers = 24;
+    let mut t = remat_trace::TraceBuilder::new("hidden").constant("x", MIB);
+    for i in 0..layers {
+        t = t.call("fwd", &["x"], &format!("a{i}"), 4 * MIB, 100_000);
+    }
+    t = t.call("mid", &["x"], "m", 1024, 50_000_000).backward();
+    let mut grad = "m".to_string();
+    for i in (0..layers).rev() {
+        let (a, g) = (format!("a{i}"), format!("g{i}"));
+        t = t
+            .call("bwd", &[&grad, &a], &g, 1024, 400_000)
+            .release(&grad)
+            .release(&a);
+        grad = g;
+    }
+    let trace = t.release(&grad).build().expect("the step replays");
+    let recompute = replay_as_the_cli(&trace, 0.3, DtrConfig::default(), 3);
+    let swapping = replay_as_the_cli(&trace, 0.3, DtrConfig::default().with_swap(Some(24.0)), 3);
+    for r in [&recompute, &swapping] {
+        assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
+        let last = &r.iterations[2];
+        assert!(last.planned && last.divergences == 0, "{last:?}");
+    }
+    let (r, s) = (&recompute.iterations[2], &swapping.iterations[2]);
+    assert!(s.swapped_out_bytes > 0, "the plan swaps: {s:?}");
+    assert!(
+        s.overhead < r.overhead,
+        "swapping plan {} against recompute-only {}",
+        s.overhead,
+        r.overhead
+    );
+}
+
 /// `iterations` steps of `trace` at `ratio` of its peak under a physical
 /// budget, remat's default policy, `config` otherwise, and moves charged as
 /// `remat replay` charges them (1 500 GB/s, the roofline's HBM).

@@ -57,7 +57,13 @@
 //! its swap-ins re-timed that way ([`prefetch`]), and placed once more with
 //! each swap-in's destination held free from when its copy must start,
 //! where that fits; where it does not fit, the entry is simulated once more
-//! with that much room left.
+//! with that much room left. A simulation chooses between swapping and
+//! replaying a victim as the online step does, by the swap's round trip;
+//! the swapping pass's winner is then simulated once more choosing by the
+//! stall each swap is expected to leave once prefetched (Capuchin's test:
+//! copies that fit before the next read, beside the copies back already
+//! booked, stall nothing; `Runtime::price_swaps_by_future`), and taken
+//! where its re-timed, placed cost is lower.
 //!
 //! Why it works: DTR's heuristics guess the future from the past (staleness); a
 //! repeated iteration *is* its own past, so the future-knowing prices (Belady's
@@ -232,18 +238,23 @@ pub(crate) fn plan_iteration(
     measured_ns: f64,
 ) -> Result<Planned> {
     if !config.swap.enabled {
-        return plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, None);
+        return plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, None)
+            .map(|(plan, _)| plan);
     }
-    let recompute = plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, None)?;
-    let bound = recompute
+    let (recompute, winner) =
+        plan_with_work_limit(rec, config, measured_ns, RESTART_WORK_PER_EVENT, None)?;
+    let bound_ns = recompute
         .as_ref()
         .map_or(measured_ns, |p| p.total_ns.min(measured_ns));
-    let swapping = plan_with_work_limit(
+    let (swapping, _) = plan_with_work_limit(
         rec,
         config,
         measured_ns,
         RESTART_WORK_PER_EVENT,
-        Some(bound),
+        Some(Swapping {
+            bound_ns,
+            recompute_winner: winner,
+        }),
     )?;
     Ok(match (recompute, swapping) {
         (Ok(r), Ok(s)) if s.total_ns < r.total_ns => Ok(IterationPlan {
@@ -264,20 +275,33 @@ pub(crate) fn plan_iteration(
     })
 }
 
+/// A portfolio entry, by its name and what it simulates.
+type Winner = (&'static str, Entry);
+
+/// What the swapping pass of [`plan_iteration`] takes from the
+/// recompute-only one.
+struct Swapping {
+    /// What a plan must cost less than, and so must a simulation without
+    /// its stalls (ns): the recompute-only plan's cost.
+    bound_ns: f64,
+    /// The entry that made the recompute-only plan, if any.
+    recompute_winner: Option<Winner>,
+}
+
 /// [`plan_iteration`] with extra restart rounds while the planning work per
-/// recorded event is under `work_per_event`. `swapping`: the simulations may
-/// swap storages out, and a plan must cost less than this (ns), and so must a
-/// simulation without its stalls; `None`: recompute only.
+/// recorded event is under `work_per_event`, and the entry that made the
+/// plan. `swapping`: the simulations may swap storages out (the swapping
+/// pass); `None`: recompute only.
 fn plan_with_work_limit(
     rec: &Arc<Recording>,
     config: &DtrConfig,
     measured_ns: f64,
     work_per_event: u64,
-    swapping: Option<f64>,
-) -> Result<Planned> {
+    swapping: Option<Swapping>,
+) -> Result<(Planned, Option<Winner>)> {
     config.check()?;
     let Some(budget) = config.budget else {
-        return Ok(Err(NoPlan::default()));
+        return Ok((Err(NoPlan::default()), None));
     };
     let started = Instant::now();
     let mut planner = Planner {
@@ -294,7 +318,8 @@ fn plan_with_work_limit(
         simulations: 0,
         work: 0,
         swap_outs: swapping.is_some(),
-        stall_free_ns: swapping.map_or(f64::INFINITY, |b| b.min(measured_ns)),
+        hidden: false,
+        stall_free_ns: (swapping.as_ref()).map_or(f64::INFINITY, |s| s.bound_ns.min(measured_ns)),
         search: NoPlan {
             bound_ns: measured_ns,
             compute_ns: rec.compute_ns() as f64,
@@ -408,8 +433,28 @@ fn plan_with_work_limit(
             Some(_) => {}
         }
     }
+    // The swapping pass's winner once more, each swap priced by the stall
+    // it is expected to leave once prefetched rather than by its round trip
+    // (Capuchin's test: a copy out and back that fits before the next read,
+    // beside the copies back already booked, costs nothing). The round trip
+    // is what an online step pays; a plan prefetches, so where the link has
+    // idle time it may swap storages cheap enough to replay that the round
+    // trip never lets it swap. The estimate is optimistic (it cannot see
+    // whether the copy's destination will be free a copy time before the
+    // read), so the plan competes by its re-timed, placed cost like any
+    // other: it is taken only where that is lower. Where the swapping pass
+    // placed no schedule (all cut off: its round trips never paid), the
+    // recompute-only winner is the entry tried.
+    if let Some(swapping) = &swapping {
+        if let Some((name, entry)) = planner.best_entry.or(swapping.recompute_winner) {
+            planner.hidden = true;
+            planner.try_placement(name, entry, Placement::Arena(budget), true)?;
+            planner.try_placement(name, entry, Placement::Logical(budget), true)?;
+        }
+    }
     let Planner {
         best,
+        best_entry,
         simulations,
         stall_free_ns,
         mut search,
@@ -418,17 +463,18 @@ fn plan_with_work_limit(
     let plan_ms = started.elapsed().as_secs_f64() * 1e3;
     search.simulations = simulations;
     match best {
-        Some(p) if p.total_ns <= measured_ns.min(stall_free_ns) * (1.0 + 1e-9) => {
-            Ok(Ok(IterationPlan {
+        Some(p) if p.total_ns <= measured_ns.min(stall_free_ns) * (1.0 + 1e-9) => Ok((
+            Ok(IterationPlan {
                 plan_ms,
                 simulations,
                 restart_rounds: rounds,
                 ..p
-            }))
-        }
+            }),
+            best_entry,
+        )),
         p => {
             search.cheapest_over_bound_ns = p.map(|p| p.total_ns);
-            Ok(Err(search))
+            Ok((Err(search), None))
         }
     }
 }
@@ -483,6 +529,7 @@ pub(crate) fn min_feasible_budget(
             Limits::total(first_limit_ns),
             &future,
             config.swap.enabled,
+            false,
         )?;
         let Some(online) = online
             .ok()
@@ -591,6 +638,9 @@ struct Planner<'a> {
     work: u64,
     /// The simulations may swap storages out (with swap on in the config).
     swap_outs: bool,
+    /// The simulations price each swap by the stall it is expected to leave
+    /// once prefetched (`Runtime::price_swaps_by_future`).
+    hidden: bool,
     /// What a plan must cost less than, and a simulation without its stalls
     /// (ns): the recompute-only plan's cost in the swapping pass
     /// ([`plan_iteration`]), else infinite.
@@ -693,6 +743,21 @@ impl Planner<'_> {
             false => self.best_simulated.min(self.measured_ns),
             true => self.measured_ns,
         };
+        let limits = if self.hidden {
+            // Its swaps are chosen for the stalls prefetching removes: it is
+            // cut off by its cost without them, which no prefetch lowers.
+            // With them, it may pass the bound by at most the step's
+            // computations, the time its copies back can overlap.
+            Limits {
+                total_ns: self.measured_ns + self.rec.compute_ns() as f64,
+                stall_free_ns: self.stall_free_ns.min(self.measured_ns),
+            }
+        } else {
+            Limits {
+                total_ns: limit,
+                stall_free_ns: self.stall_free_ns,
+            }
+        };
         self.simulations += 1;
         let (sim, work) = simulate(
             self.rec,
@@ -700,12 +765,10 @@ impl Planner<'_> {
             entry,
             how,
             self.budget,
-            Limits {
-                total_ns: limit,
-                stall_free_ns: self.stall_free_ns,
-            },
+            limits,
             &self.future,
             self.swap_outs,
+            self.hidden,
         )?;
         self.work += work;
         let sim = match sim {

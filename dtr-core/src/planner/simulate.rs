@@ -162,6 +162,9 @@ pub(super) enum Infeasible {
 /// Replay `rec` under a logical budget of `budget` with the entry's policy,
 /// with the work it took (see `Planner::work`). `Err`: infeasible, and why (an
 /// impossible budget, or past `limit_ns`).
+/// `swap_outs`: with swap on, victims may be swapped (else recomputed
+/// only); `hidden`: each swap then chosen by the stall it leaves once
+/// prefetched (`Runtime::price_swaps_by_future`), not by its round trip.
 #[allow(clippy::too_many_arguments)] // one simulation's inputs, each read once
 pub(super) fn simulate(
     rec: &Recording,
@@ -172,6 +175,7 @@ pub(super) fn simulate(
     limits: Limits,
     future: &Arc<Future>,
     swap_outs: bool,
+    hidden: bool,
 ) -> Result<(std::result::Result<Simulation, Infeasible>, u64)> {
     let (budget, mode) = match how {
         Placement::Arena(b) | Placement::Moving(b) => (b.min(capacity), BudgetMode::Physical),
@@ -221,6 +225,8 @@ pub(super) fn simulate(
         rt.set_host_transfer(Box::new(crate::swap::NoValues))?;
         if !swap_outs {
             rt.forbid_swap_outs();
+        } else if hidden {
+            rt.price_swaps_by_future(future.clone());
         }
     }
     let mut events = 0;

@@ -158,6 +158,7 @@ fn extra_restart_rounds_follow_the_work_limit() {
     let plan = |c: &DtrConfig, work: u64| {
         plan_with_work_limit(&rec, c, limit, work, None)
             .unwrap()
+            .0
             .unwrap()
     };
     assert_eq!(plan(&config, 0).restart_rounds, 8);
@@ -214,6 +215,7 @@ fn perturbed_score_entries_are_deterministic_and_differ_from_the_entry() {
             budget,
             Limits::total(f64::INFINITY),
             &future,
+            false,
             false,
         )
         .unwrap();

@@ -94,7 +94,7 @@ impl Future {
 
     /// ns from instruction `pos` to the next direct read of `seq` after it;
     /// `None` when the trace never reads it again.
-    fn time_to_next_read(&self, seq: u64, pos: usize) -> Option<f64> {
+    pub(crate) fn time_to_next_read(&self, seq: u64, pos: usize) -> Option<f64> {
         let reads = self.reads.get(seq as usize)?;
         let k = reads.partition_point(|&r| r as usize <= pos);
         let next = *reads.get(k)? as usize;

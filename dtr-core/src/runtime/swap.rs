@@ -10,10 +10,13 @@
 //! storages have one, and `stats.host_bytes` is the sum of their bytes. A
 //! swap-out that cannot happen (host budget, failed copy) changes nothing.
 
+use std::sync::Arc;
+
 use super::Runtime;
 use crate::error::{Error, Result};
 use crate::graph::Residency;
 use crate::ids::StorageId;
+use crate::policy::oracle::Future;
 use crate::swap::{CopyEngines, HostTransfer, HostValue};
 
 /// Evicted ancestors visited to price a regeneration against a swap.
@@ -59,6 +62,21 @@ pub(super) struct HostTier<V> {
     /// Copy ahead in online steps ([`crate::SwapConfig::copy_ahead`], with a
     /// transfer that keeps values clean and copies in the background).
     pub copy_ahead: bool,
+    /// In a plan's simulation that knows the recording's reads: each swap
+    /// priced by the stall it is expected to leave once prefetched
+    /// ([`Runtime::hidden_swap_price`]).
+    pub hidden: Option<HiddenSwaps>,
+}
+
+/// What a plan's simulation needs to price a swap by what it would stall
+/// once the plan prefetches it (Capuchin's test: a swap whose copies fit
+/// before the storage's next read costs no stall).
+pub(crate) struct HiddenSwaps {
+    /// The recording's reads.
+    pub future: Arc<Future>,
+    /// `(deadline, copy ns)` of each swap-in booked so far: the wall clock
+    /// of its next read, and how long its copy back takes.
+    pub booked: Vec<(f64, f64)>,
 }
 
 impl<V> HostTier<V> {
@@ -166,9 +184,76 @@ impl<V> Runtime<V> {
             lru: std::collections::VecDeque::new(),
             behind: Vec::new(),
             copy_ahead,
+            hidden: None,
         });
         self.graph.set_swap_price(Some(1.0 / gbps));
         Ok(())
+    }
+
+    /// In a planner simulation that knows the recording's reads (`future`):
+    /// choose between swapping and evicting each victim by the stall its
+    /// swap is expected to leave once the plan prefetches it
+    /// ([`Runtime::hidden_swap_price`]), not by its round trip. No-op
+    /// without a host tier.
+    pub(crate) fn price_swaps_by_future(&mut self, future: Arc<Future>) {
+        if let Some(tier) = self.host.as_mut() {
+            tier.hidden = Some(HiddenSwaps {
+                future,
+                booked: Vec::new(),
+            });
+        }
+    }
+
+    /// The stall (ns) a swap of `s` now is expected to cost in the plan made
+    /// from this simulation: its copy out where the host copy is not
+    /// complete by now (a plan starts it at the storage's last use), plus
+    /// the part of its copy back that does not fit, beside the copies back
+    /// already booked to complete before it, between now and its next read.
+    /// `None` outside such a simulation or for a storage not read again.
+    fn hidden_swap_price(&self, s: StorageId) -> Option<f64> {
+        let tier = self.host.as_ref()?;
+        let hidden = tier.hidden.as_ref()?;
+        let r = self.graph.st(s);
+        let next = hidden
+            .future
+            .time_to_next_read(u64::from(r.seq), self.graph.pos as usize)?;
+        let copy = r.bytes as f64 * tier.engines.ns_per_byte;
+        let wall = self.copy_clock_ns();
+        let out_done = if r.host_copy {
+            tier.copied_at.get(s.0 as usize).copied().unwrap_or(0.0)
+        } else {
+            tier.engines.d2h_free_at.max(self.dead_since(s).min(wall)) + copy
+        };
+        let out = (out_done - wall).max(0.0);
+        let deadline = wall + next;
+        // The copy back starts one copy time before the read at the
+        // earliest (its destination must be free by then), after the host
+        // copy is complete; the copies back booked over that window delay
+        // it by their overlap with it.
+        let start = (deadline - copy).max(out_done).max(wall);
+        let late = (start + copy - deadline).max(0.0);
+        let overlap: f64 = (hidden.booked.iter())
+            .map(|&(d, c)| (d.min(deadline) - (d - c).max(start)).max(0.0))
+            .sum();
+        Some(out + late + overlap)
+    }
+
+    /// Book a swap-in of `s` priced by [`Runtime::hidden_swap_price`].
+    fn book_hidden_swap(&mut self, s: StorageId) {
+        let wall = self.copy_clock_ns();
+        let r = self.graph.st(s);
+        let (seq, bytes, pos) = (u64::from(r.seq), r.bytes, self.graph.pos as usize);
+        let Some(tier) = self.host.as_mut() else {
+            return;
+        };
+        let copy = bytes as f64 * tier.engines.ns_per_byte;
+        let Some(hidden) = tier.hidden.as_mut() else {
+            return;
+        };
+        if let Some(next) = hidden.future.time_to_next_read(seq, pos) {
+            hidden.booked.retain(|&(d, _)| d > wall);
+            hidden.booked.push((wall + next, copy));
+        }
     }
 
     /// Keep the host tier for what it holds (a boundary's swapped storages
@@ -223,12 +308,18 @@ impl<V> Runtime<V> {
     pub(super) fn evict_victim(&mut self, s: StorageId, parked: bool) -> Result<bool> {
         if self.host.is_some() {
             let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
+            let hidden = self.graph.swap_price(s).and(self.hidden_swap_price(s));
             let swap = if parked && self.swap_parked {
                 self.graph.swap_price(s).is_some()
+            } else if let Some(stall) = hidden {
+                !self.graph.st(s).recomputable || stall < replay
             } else {
                 self.graph.prefers_swap(s, replay)
             };
             if swap && self.swap_out(s)? {
+                if hidden.is_some() {
+                    self.book_hidden_swap(s);
+                }
                 self.log_swap(s, parked);
                 return Ok(true);
             }
