@@ -661,6 +661,50 @@ fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
     assert!(!rt.end_iteration().unwrap().rescued);
 }
 
+/// Under a physical budget a losing step moves into the compacting arena
+/// before it changes policy, and changes it only if it loses again there.
+/// The chain of the test above, read back in reverse under a physical
+/// budget, loses to its price (each read regenerates the chain below it),
+/// not to its layout: it is in the arena when it switches, and switches
+/// once. (Before, the switch came first, on a read, in the caching
+/// allocator.)
+#[test]
+fn a_losing_step_moves_into_the_arena_before_it_switches_policy() {
+    let config = DtrConfig::default()
+        .with_budget(6 * MIB)
+        .with_budget_mode(BudgetMode::Physical)
+        .with_sampling(false);
+    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
+    let x = rt.put(mix(0, 3), MIB).unwrap();
+    let mut chain = vec![x];
+    let mut expected = vec![mix(0, 3)];
+    for i in 0..40u64 {
+        let prev = *chain.last().unwrap();
+        let t = rt
+            .apply(op("link", i), &[prev], &[OutputSpec::fresh(MIB)], 1_000)
+            .unwrap()[0];
+        chain.push(t);
+        expected.push(mix(i, *expected.last().unwrap()));
+    }
+    let mut moved_at_switch = None;
+    for (&t, &want) in chain.iter().zip(&expected).rev() {
+        assert_eq!(*rt.access(t).unwrap(), want);
+        if moved_at_switch.is_none() && rt.active_policy_name() == "msps" {
+            moved_at_switch = Some(rt.stats().defragmentations);
+        }
+    }
+    assert!(rt.stats().remat_ns > rt.stats().compute_ns, "not losing");
+    assert_eq!(rt.stats().policy_rescues, 1);
+    let moved = moved_at_switch.expect("switched");
+    assert!(moved >= 1, "switched before moving into the arena");
+    for t in chain {
+        rt.release(t).unwrap();
+    }
+    let report = rt.end_iteration().unwrap();
+    assert!(report.rescued, "{report:?}");
+    rt.check_invariants().unwrap();
+}
+
 /// A training step written as a trace: `layers` weights of 64 KiB (constants,
 /// updated in place after the backward), forward activations of 512 KiB, a
 /// backward reading each in reverse. `widen`: a layer whose activation is twice

@@ -37,7 +37,7 @@ impl<V> Runtime<V> {
     pub(super) fn hold(&mut self, targets: &[StorageId]) -> Result<()> {
         // Between regenerations, no allocation in flight: where a losing
         // iteration changes policy.
-        self.rescue_from_thrashing();
+        self.rescue_from_thrashing()?;
         match self.hold_once(targets, false) {
             Err(Error::ImpossibleBudget(_)) if self.replayed => {
                 // Creation order parked too much: retry (what was regenerated

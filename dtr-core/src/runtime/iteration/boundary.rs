@@ -412,6 +412,7 @@ impl<V> Runtime<V> {
         if let Some(policy) = self.iter.rescue.set_aside_policy.take() {
             self.policy = policy;
         }
+        self.iter.rescue.arena_since = None;
         self.iter.start_stats = self.stats.clone();
         if let Some(tier) = self.host.as_mut() {
             tier.restart_stall_marks(self.stats.stall_ns);

@@ -9,7 +9,8 @@
 //! - **Thrashing.** A losing online iteration, in either budget mode, finishes
 //!   under the lineage-priced policy (MSPS) instead of the configured one
 //!   ([`Runtime::rescue_from_thrashing`]); the boundary restores the configured
-//!   policy. A regeneration that alone makes it lose keeps what it
+//!   policy. Under a physical budget it first moves into the arena above and
+//!   switches only if it loses again there. A regeneration that alone makes it lose keeps what it
 //!   regenerates until it ends (with `keep_read_again`, while it reads it
 //!   again; `Runtime::keep_regenerated`, in `regen.rs`).
 //! - **From the start** (`online_arena:on`): an online iteration under a
@@ -45,6 +46,10 @@ pub(crate) struct Rescue {
     /// under the lineage-priced one ([`Runtime::rescue_from_thrashing`]);
     /// restored at the boundary.
     pub set_aside_policy: Option<Box<dyn EvictionPolicy>>,
+    /// `(replays, first computations)` so far (ns) when this iteration
+    /// moved into the compacting arena; `None` before (or in an iteration
+    /// that started there).
+    pub arena_since: Option<(f64, f64)>,
 }
 
 impl<V> Runtime<V> {
@@ -126,18 +131,45 @@ impl<V> Runtime<V> {
     /// should need this: the iterations after it follow a plan. Called before
     /// each hold (an op's inputs, a read, a pin), where no allocation is in
     /// flight.
-    pub(in crate::runtime) fn rescue_from_thrashing(&mut self) {
+    ///
+    /// Under a physical budget the layout is rescued first. A step can lose
+    /// for two reasons: the allocator's layout choosing its victims (whole
+    /// segments emptied for one large request, holes too small for the
+    /// next), which the compacting arena removes, and a price that cascades,
+    /// which only another price removes. So a losing step that is not in the
+    /// arena moves into it ([`Runtime::rescue_from_fragmentation`]) and keeps
+    /// its policy; it switches only if it loses again there: its replays since
+    /// the move pass its first computations since the move. On GPT-2 at 0.5
+    /// of its peak the step loses to its layout: switched at once, it cost
+    /// 4.25× its computations, and 3.60× when the switch waits (lstm at 0.25
+    /// and 0.2, whose loss is a cascade, switch as before: `docs/dtr-results.md`,
+    /// session 37).
+    pub(in crate::runtime) fn rescue_from_thrashing(&mut self) -> Result<()> {
         if !self.may_rescue()
             || self.iter.rescue.set_aside_policy.is_some()
             || self.config.policy == PolicyKind::Msps
             || !self.losing()
         {
-            return;
+            return Ok(());
+        }
+        if self.memory.has_addresses() && !self.memory.can_compact() {
+            self.rescue_from_fragmentation()?;
+            if self.memory.can_compact() {
+                return Ok(());
+            }
+        }
+        if let (true, Some((remat, compute))) =
+            (self.memory.can_compact(), self.iter.rescue.arena_since)
+        {
+            if self.stats.remat_ns - remat <= self.stats.compute_ns - compute {
+                return Ok(());
+            }
         }
         let rescue = make_policy(PolicyKind::Msps, &self.config);
         self.iter.rescue.set_aside_policy = Some(std::mem::replace(&mut self.policy, rescue));
         self.stats.policy_rescues += 1;
         tracing::debug!(target: "remat_dtr::plan", "thrashing online: switched to the lineage-priced policy until the boundary");
+        Ok(())
     }
 
     /// The last resort of an allocation under a physical budget: no eviction
@@ -206,6 +238,7 @@ impl<V> Runtime<V> {
             })
             .collect();
         self.move_into_arena(ArenaMemory::new(capacity, 0), placed.into_iter())?;
+        self.iter.rescue.arena_since = Some((self.stats.remat_ns, self.stats.compute_ns));
         self.stats.defragmentations += 1;
         Ok(true)
     }
