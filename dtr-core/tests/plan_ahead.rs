@@ -591,30 +591,42 @@ fn background_planning_without_waiting_stays_identical_and_ends_planned() {
     assert!(reports.iter().all(|r| r.divergences == 0), "{reports:?}");
 }
 
+/// A budget of six links of [`chain_of_links`], full scans.
+fn chain_config(mode: BudgetMode) -> DtrConfig {
+    DtrConfig::default()
+        .with_budget(6 * MIB)
+        .with_budget_mode(mode)
+        .with_sampling(false)
+}
+
+/// A chain of 40 links of 1 MiB each (1 µs per link) from an input made
+/// for step `it`, and the value each should hold.
+fn chain_of_links(rt: &mut Runtime<u64>, it: u64) -> (Vec<TensorId>, Vec<u64>) {
+    let x = rt.put(mix(it, 3), MIB).unwrap();
+    let mut chain = vec![x];
+    let mut expected = vec![mix(it, 3)];
+    for i in 0..40u64 {
+        let prev = *chain.last().unwrap();
+        let t = rt
+            .apply(op("link", i), &[prev], &[OutputSpec::fresh(MIB)], 1_000)
+            .unwrap()[0];
+        chain.push(t);
+        expected.push(mix(i, *expected.last().unwrap()));
+    }
+    (chain, expected)
+}
+
 /// A step that reads a long chain back in reverse under a budget of a few of
 /// its values replays more than it computes: the runtime finishes it under
 /// MSPS, reports it rescued at the boundary, and starts the next step under
 /// the configured policy again. Every value read is the one first computed.
 #[test]
 fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
-    let config = DtrConfig::default()
-        .with_budget(6 * MIB)
-        .with_budget_mode(BudgetMode::Logical)
-        .with_sampling(false);
+    let config = chain_config(BudgetMode::Logical);
     let mut rt: Runtime<u64> = Runtime::new(config.clone()).unwrap();
     let configured = rt.policy_name();
     for it in 0..2u64 {
-        let x = rt.put(mix(it, 3), MIB).unwrap();
-        let mut chain = vec![x];
-        let mut expected = vec![mix(it, 3)];
-        for i in 0..40u64 {
-            let prev = *chain.last().unwrap();
-            let t = rt
-                .apply(op("link", i), &[prev], &[OutputSpec::fresh(MIB)], 1_000)
-                .unwrap()[0];
-            chain.push(t);
-            expected.push(mix(i, *expected.last().unwrap()));
-        }
+        let (chain, expected) = chain_of_links(&mut rt, it);
         let before = rt.stats().clone();
         for (&t, &want) in chain.iter().zip(&expected).rev() {
             assert_eq!(*rt.access(t).unwrap(), want, "step {it}");
@@ -670,22 +682,8 @@ fn a_losing_step_finishes_under_msps_and_the_boundary_restores_the_policy() {
 /// allocator.)
 #[test]
 fn a_losing_step_moves_into_the_arena_before_it_switches_policy() {
-    let config = DtrConfig::default()
-        .with_budget(6 * MIB)
-        .with_budget_mode(BudgetMode::Physical)
-        .with_sampling(false);
-    let mut rt: Runtime<u64> = Runtime::new(config).unwrap();
-    let x = rt.put(mix(0, 3), MIB).unwrap();
-    let mut chain = vec![x];
-    let mut expected = vec![mix(0, 3)];
-    for i in 0..40u64 {
-        let prev = *chain.last().unwrap();
-        let t = rt
-            .apply(op("link", i), &[prev], &[OutputSpec::fresh(MIB)], 1_000)
-            .unwrap()[0];
-        chain.push(t);
-        expected.push(mix(i, *expected.last().unwrap()));
-    }
+    let mut rt: Runtime<u64> = Runtime::new(chain_config(BudgetMode::Physical)).unwrap();
+    let (chain, expected) = chain_of_links(&mut rt, 0);
     let mut moved_at_switch = None;
     for (&t, &want) in chain.iter().zip(&expected).rev() {
         assert_eq!(*rt.access(t).unwrap(), want);
@@ -862,7 +860,6 @@ fn charged_moves_do_not_shift_a_plans_copy_timeline() {
 /// which was taken; the swapping plan costs 1.190 once prefetched.
 #[test]
 fn a_swapping_plan_is_held_to_the_recompute_plan_without_its_stalls() {
-    use remat_dtr::replay::ReplayStatus;
     use remat_trace::require_traces;
     if require_traces("a_swapping_plan_is_held_to_the_recompute_plan_without_its_stalls").is_none()
     {
@@ -875,9 +872,25 @@ fn a_swapping_plan_is_held_to_the_recompute_plan_without_its_stalls() {
         3,
         &DtrConfig::default().with_swap(Some(64.0)),
     );
-    for r in [&recompute, &swapping] {
-        assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
-        assert!(r.iterations[2].planned, "{:?}", r.iterations[2]);
+    a_swapping_plan_wins(&recompute, &swapping);
+}
+
+/// Both runs finish, their third steps follow a plan without a divergence,
+/// and `swapping`'s plan swaps and costs less than `recompute`'s, which
+/// does not swap.
+fn a_swapping_plan_wins(
+    recompute: &remat_dtr::replay::ReplayReport,
+    swapping: &remat_dtr::replay::ReplayReport,
+) {
+    for r in [recompute, swapping] {
+        assert_eq!(
+            r.status,
+            remat_dtr::replay::ReplayStatus::Ok,
+            "{:?}",
+            r.iterations
+        );
+        let last = &r.iterations[2];
+        assert!(last.planned && last.divergences == 0, "{last:?}");
     }
     let (r, s) = (&recompute.iterations[2], &swapping.iterations[2]);
     assert_eq!(r.swapped_out_bytes, 0);
@@ -901,7 +914,6 @@ fn a_swapping_plan_is_held_to_the_recompute_plan_without_its_stalls() {
 /// backward ops (400 µs) leave the link time to bring each copy back.
 #[test]
 fn a_plan_swaps_what_its_copies_can_hide_before_the_next_read() {
-    use remat_dtr::replay::ReplayStatus;
     const MIB: u64 = 1 << 20;
     let layers = 24;
     let mut t = remat_trace::TraceBuilder::new("hidden").constant("x", MIB);
@@ -921,19 +933,7 @@ fn a_plan_swaps_what_its_copies_can_hide_before_the_next_read() {
     let trace = t.release(&grad).build().expect("the step replays");
     let recompute = replay_as_the_cli(&trace, 0.3, DtrConfig::default(), 3);
     let swapping = replay_as_the_cli(&trace, 0.3, DtrConfig::default().with_swap(Some(24.0)), 3);
-    for r in [&recompute, &swapping] {
-        assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
-        let last = &r.iterations[2];
-        assert!(last.planned && last.divergences == 0, "{last:?}");
-    }
-    let (r, s) = (&recompute.iterations[2], &swapping.iterations[2]);
-    assert!(s.swapped_out_bytes > 0, "the plan swaps: {s:?}");
-    assert!(
-        s.overhead < r.overhead,
-        "swapping plan {} against recompute-only {}",
-        s.overhead,
-        r.overhead
-    );
+    a_swapping_plan_wins(&recompute, &swapping);
 }
 
 /// `iterations` steps of `trace` at `ratio` of its peak under a physical
