@@ -205,11 +205,12 @@ impl<V> Runtime<V> {
     }
 
     /// The stall (ns) a swap of `s` now is expected to cost in the plan made
-    /// from this simulation: its copy out where the host copy is not
-    /// complete by now (a plan starts it at the storage's last use), plus
-    /// the part of its copy back that does not fit, beside the copies back
-    /// already booked to complete before it, between now and its next read.
-    /// `None` outside such a simulation or for a storage not read again.
+    /// from this simulation: what is left of its copy out (a plan starts it
+    /// at the storage's last use, on the engine as simulated so far), plus
+    /// how late its copy back completes when it starts one copy time before
+    /// the next read (or once the host copy is complete, if later), plus the
+    /// overlap of that window with the copies back already booked. `None`
+    /// outside such a simulation or for a storage not read again.
     fn hidden_swap_price(&self, s: StorageId) -> Option<f64> {
         let tier = self.host.as_ref()?;
         let hidden = tier.hidden.as_ref()?;

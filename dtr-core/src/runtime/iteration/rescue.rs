@@ -9,10 +9,11 @@
 //! - **Thrashing.** A losing online iteration, in either budget mode, finishes
 //!   under the lineage-priced policy (MSPS) instead of the configured one
 //!   ([`Runtime::rescue_from_thrashing`]); the boundary restores the configured
-//!   policy. Under a physical budget it first moves into the arena above and
-//!   switches only if it loses again there. A regeneration that alone makes it lose keeps what it
-//!   regenerates until it ends (with `keep_read_again`, while it reads it
-//!   again; `Runtime::keep_regenerated`, in `regen.rs`).
+//!   policy. Under a physical budget it first moves into the arena above
+//!   and switches only if it loses again there. A regeneration that alone
+//!   makes it lose keeps what it regenerates until it ends (with
+//!   `keep_read_again`, while it reads it again; `Runtime::keep_regenerated`,
+//!   in `regen.rs`).
 //! - **From the start** (`online_arena:on`): an online iteration under a
 //!   physical budget is laid out in that arena at its first op, so only its
 //!   live bytes count ([`crate::DtrConfig::online_arena`]).
@@ -139,10 +140,10 @@ impl<V> Runtime<V> {
     /// which only another price removes. So a losing step that is not in the
     /// arena moves into it ([`Runtime::rescue_from_fragmentation`]) and keeps
     /// its policy; it switches only if it loses again there: its replays since
-    /// the move pass its first computations since the move. On GPT-2 at 0.5
-    /// of its peak the step loses to its layout: switched at once, it cost
-    /// 4.25× its computations, and 3.60× when the switch waits (lstm at 0.25
-    /// and 0.2, whose loss is a cascade, switch as before: `docs/dtr-results.md`,
+    /// the move pass its first computations since the move. GPT-2's first
+    /// step at 0.5 of its peak loses to its layout: switched at once, it cost
+    /// 4.25× its computations, moved first 3.83× (lstm at 0.25 and 0.2,
+    /// whose loss is a cascade, switch as before: `docs/dtr-results.md`,
     /// session 37).
     pub(in crate::runtime) fn rescue_from_thrashing(&mut self) -> Result<()> {
         if !self.may_rescue()
