@@ -6,23 +6,44 @@
 //! ([`remat_dtr::Runtime::decide`], a dry run: nothing is evicted, so every
 //! iteration sees the same state). The default (`remat`, √N sampling) is the figure
 //! the issue's ≤ 1 µs target is about; full scans are shown for comparison.
+//!
+//! `dtr_decision_levers_5k`: the whole decision, the victims and, for each,
+//! the lever ([`remat_dtr::Runtime::decide_levers`]: swap it to host memory
+//! or evict it for recomputation), with swap off (every victim recomputed,
+//! the baseline) and on at 24 GB/s, on the same graph: what a swap decision
+//! costs against a recompute decision.
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use remat_dtr::swap::NoValues;
 use remat_dtr::{BudgetMode, DtrConfig, FnOp, OpError, OpHandle, OutputSpec, PolicyKind, Runtime};
 
 const CANDIDATES: usize = 5_000;
 
 fn build(policy: PolicyKind, mode: BudgetMode, sampling: bool) -> Runtime<()> {
+    build_with(policy, mode, sampling, None)
+}
+
+/// [`build`] with swap on at `swap_gbps` (the replayer's value-free copies).
+fn build_with(
+    policy: PolicyKind,
+    mode: BudgetMode,
+    sampling: bool,
+    swap_gbps: Option<f64>,
+) -> Runtime<()> {
     let c = DtrConfig::default()
         .with_budget(64 << 30)
         .with_budget_mode(mode)
         .with_policy(policy)
         .with_sampling(sampling)
-        .with_seed(42);
+        .with_seed(42)
+        .with_swap(swap_gbps);
     let mut rt: Runtime<()> = Runtime::new(c).expect("runtime");
+    if swap_gbps.is_some() {
+        rt.set_host_transfer(Box::new(NoValues)).expect("swap on");
+    }
     let f: Arc<dyn OpHandle<()>> = Arc::new(FnOp::new("f", |_: &[&()]| Ok::<_, OpError>(vec![()])));
     let x = rt.put((), 1 << 20).expect("put");
     let mut ts = vec![x];
@@ -100,5 +121,24 @@ fn decision(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decision);
+fn levers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dtr_decision_levers_5k");
+    g.throughput(Throughput::Elements(1));
+    for (name, mode) in [
+        ("remat", BudgetMode::Logical),
+        ("remat-physical-window", BudgetMode::Physical),
+    ] {
+        for (lever, gbps) in [("recompute-only", None), ("swap-24GBps", Some(24.0))] {
+            let mut rt = build_with(PolicyKind::Remat, mode, true, gbps);
+            assert_eq!(rt.swap_enabled(), gbps.is_some());
+            let id = BenchmarkId::new(format!("{name}/{lever}"), CANDIDATES);
+            g.bench_with_input(id, &(), |b, _| {
+                b.iter(|| black_box(rt.decide_levers(black_box(8 << 20)).len()))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decision, levers);
 criterion_main!(benches);

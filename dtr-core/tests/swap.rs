@@ -231,6 +231,39 @@ fn cheap_ops_are_recomputed_not_swapped() {
     assert_eq!(s.swap_outs, 0, "{s:?}");
 }
 
+/// The dry run names each victim's lever, as the runtime would choose it,
+/// and changes nothing: a chain of 1 µs ops of 100 bytes, candidates all,
+/// is recomputed at 0.001 GB/s (a copy costs 200 µs) and swapped at
+/// 1 000 GB/s (0.2 ns); with swap off, every victim is recomputed.
+#[test]
+fn the_dry_run_names_each_victims_lever() {
+    let levers = |gbps: Option<f64>| {
+        let mut rt: Runtime<u64> = Runtime::new(config(10_000, gbps)).unwrap();
+        if gbps.is_some() {
+            rt.set_host_transfer(Box::new(Copier(Arc::default())))
+                .unwrap();
+        }
+        let mut prev = rt.put(1, 100).unwrap();
+        for k in 0..8 {
+            prev = rt
+                .apply(op(k, 1), &[prev], &[OutputSpec::fresh(100)], 1_000)
+                .unwrap()[0];
+        }
+        let before = rt.stats().clone();
+        let levers = rt.decide_levers(100);
+        assert!(!levers.is_empty());
+        let after = rt.stats();
+        assert_eq!(
+            (after.evictions, after.swap_outs),
+            (before.evictions, before.swap_outs)
+        );
+        levers.into_iter().map(|(_, swap)| swap).collect::<Vec<_>>()
+    };
+    assert!(levers(None).iter().all(|&swap| !swap));
+    assert!(levers(Some(0.001)).iter().all(|&swap| !swap));
+    assert!(levers(Some(1000.0)).iter().all(|&swap| swap));
+}
+
 #[test]
 fn a_failed_swap_out_leaves_the_value_resident_and_the_run_goes_on() {
     let (mut rt, faults) = runtime(config(400, Some(24.0)));

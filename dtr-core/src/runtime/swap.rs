@@ -239,7 +239,8 @@ impl<V> Runtime<V> {
         Some(out + late + overlap)
     }
 
-    /// Book a swap-in of `s` priced by [`Runtime::hidden_swap_price`].
+    /// Book the swap-in of `s`, just swapped out, where swaps are priced by
+    /// [`Runtime::hidden_swap_price`] (a no-op elsewhere).
     fn book_hidden_swap(&mut self, s: StorageId) {
         let wall = self.copy_clock_ns();
         let r = self.graph.st(s);
@@ -308,19 +309,9 @@ impl<V> Runtime<V> {
     /// in copies.
     pub(super) fn evict_victim(&mut self, s: StorageId, parked: bool) -> Result<bool> {
         if self.host.is_some() {
-            let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
-            let hidden = self.graph.swap_price(s).and(self.hidden_swap_price(s));
-            let swap = if parked && self.swap_parked {
-                self.graph.swap_price(s).is_some()
-            } else if let Some(stall) = hidden {
-                !self.graph.st(s).recomputable || stall < replay
-            } else {
-                self.graph.prefers_swap(s, replay)
-            };
+            let swap = self.swap_rather_than_evict(s, parked);
             if swap && self.swap_out(s)? {
-                if hidden.is_some() {
-                    self.book_hidden_swap(s);
-                }
+                self.book_hidden_swap(s);
                 self.log_swap(s, parked);
                 return Ok(true);
             }
@@ -336,6 +327,33 @@ impl<V> Runtime<V> {
         self.log_eviction(s, parked);
         self.evict_storage(s, false)?;
         Ok(true)
+    }
+
+    /// Whether victim `s` would be swapped rather than evicted for
+    /// recomputation ([`Runtime::evict_victim`]'s choice; swap on).
+    fn swap_rather_than_evict(&mut self, s: StorageId, parked: bool) -> bool {
+        if parked && self.swap_parked {
+            return self.graph.swap_price(s).is_some();
+        }
+        let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
+        match self.graph.swap_price(s).and(self.hidden_swap_price(s)) {
+            Some(stall) => !self.graph.st(s).recomputable || stall < replay,
+            None => self.graph.prefers_swap(s, replay),
+        }
+    }
+
+    /// Ask the policy which storages it would evict to place `bytes` now,
+    /// and for each whether the runtime would swap it (`true`) or evict it
+    /// for recomputation (`false`), without doing either: a dry run, as
+    /// [`Runtime::decide`] (benches, debugging). With swap off every victim
+    /// is `false`.
+    pub fn decide_levers(&mut self, bytes: u64) -> Vec<(StorageId, bool)> {
+        let victims = self.decide(bytes).to_vec();
+        let swap_on = self.host.is_some();
+        victims
+            .into_iter()
+            .map(|s| (s, swap_on && self.swap_rather_than_evict(s, false)))
+            .collect()
     }
 
     /// Copy `s` (resident) to the host tier and free its device memory once
