@@ -730,8 +730,9 @@ impl Planner<'_> {
     }
 
     /// Simulate `entry` placed `how`, cut off once it cannot cost less than
-    /// the best plan so far (unless `uncut`) or the bound, and keep it if it
-    /// is the cheapest that fits.
+    /// the best plan so far (unless `uncut`) or the bound (with swaps priced
+    /// by their prefetched stall, `self.hidden`, by the limits below instead),
+    /// and keep it if it is the cheapest that fits.
     fn try_placement(
         &mut self,
         name: &'static str,
@@ -739,10 +740,6 @@ impl Planner<'_> {
         how: Placement,
         uncut: bool,
     ) -> Result<Outcome> {
-        let limit = match uncut {
-            false => self.best_simulated.min(self.measured_ns),
-            true => self.measured_ns,
-        };
         let limits = if self.hidden {
             // Its swaps are chosen for the stalls prefetching removes: it is
             // cut off by its cost without them, which no prefetch lowers.
@@ -754,7 +751,10 @@ impl Planner<'_> {
             }
         } else {
             Limits {
-                total_ns: limit,
+                total_ns: match uncut {
+                    false => self.best_simulated.min(self.measured_ns),
+                    true => self.measured_ns,
+                },
                 stall_free_ns: self.stall_free_ns,
             }
         };

@@ -212,49 +212,52 @@ impl<V> Runtime<V> {
     /// overlap of that window with the copies back already booked. `None`
     /// outside such a simulation or for a storage not read again.
     fn hidden_swap_price(&self, s: StorageId) -> Option<f64> {
+        let (deadline, copy) = self.hidden_copy_back(s)?;
         let tier = self.host.as_ref()?;
-        let hidden = tier.hidden.as_ref()?;
-        let r = self.graph.st(s);
-        let next = hidden
-            .future
-            .time_to_next_read(u64::from(r.seq), self.graph.pos as usize)?;
-        let copy = r.bytes as f64 * tier.engines.ns_per_byte;
+        let booked = &tier.hidden.as_ref()?.booked;
         let wall = self.copy_clock_ns();
-        let out_done = if r.host_copy {
+        let out_done = if self.graph.st(s).host_copy {
             tier.copied_at.get(s.0 as usize).copied().unwrap_or(0.0)
         } else {
             tier.engines.d2h_free_at.max(self.dead_since(s).min(wall)) + copy
         };
         let out = (out_done - wall).max(0.0);
-        let deadline = wall + next;
         // The copy back starts one copy time before the read at the
         // earliest (its destination must be free by then), after the host
         // copy is complete; the copies back booked over that window delay
         // it by their overlap with it.
         let start = (deadline - copy).max(out_done).max(wall);
         let late = (start + copy - deadline).max(0.0);
-        let overlap: f64 = (hidden.booked.iter())
+        let overlap: f64 = (booked.iter())
             .map(|&(d, c)| (d.min(deadline) - (d - c).max(start)).max(0.0))
             .sum();
         Some(out + late + overlap)
     }
 
+    /// Where swaps are priced by [`Runtime::hidden_swap_price`]: the wall
+    /// clock of `s`'s next read and the time its copy back takes (ns);
+    /// `None` elsewhere or for a storage not read again.
+    fn hidden_copy_back(&self, s: StorageId) -> Option<(f64, f64)> {
+        let tier = self.host.as_ref()?;
+        let hidden = tier.hidden.as_ref()?;
+        let r = self.graph.st(s);
+        let next = (hidden.future).time_to_next_read(u64::from(r.seq), self.graph.pos as usize)?;
+        Some((
+            self.copy_clock_ns() + next,
+            r.bytes as f64 * tier.engines.ns_per_byte,
+        ))
+    }
+
     /// Book the swap-in of `s`, just swapped out, where swaps are priced by
     /// [`Runtime::hidden_swap_price`] (a no-op elsewhere).
     fn book_hidden_swap(&mut self, s: StorageId) {
+        let Some(booking) = self.hidden_copy_back(s) else {
+            return;
+        };
         let wall = self.copy_clock_ns();
-        let r = self.graph.st(s);
-        let (seq, bytes, pos) = (u64::from(r.seq), r.bytes, self.graph.pos as usize);
-        let Some(tier) = self.host.as_mut() else {
-            return;
-        };
-        let copy = bytes as f64 * tier.engines.ns_per_byte;
-        let Some(hidden) = tier.hidden.as_mut() else {
-            return;
-        };
-        if let Some(next) = hidden.future.time_to_next_read(seq, pos) {
+        if let Some(hidden) = self.host.as_mut().and_then(|t| t.hidden.as_mut()) {
             hidden.booked.retain(|&(d, _)| d > wall);
-            hidden.booked.push((wall + next, copy));
+            hidden.booked.push(booking);
         }
     }
 
@@ -336,7 +339,7 @@ impl<V> Runtime<V> {
             return self.graph.swap_price(s).is_some();
         }
         let replay = self.graph.regeneration_cost(s, REGEN_PRICE_NODES);
-        match self.graph.swap_price(s).and(self.hidden_swap_price(s)) {
+        match (self.graph.swap_price(s)).and_then(|_| self.hidden_swap_price(s)) {
             Some(stall) => !self.graph.st(s).recomputable || stall < replay,
             None => self.graph.prefers_swap(s, replay),
         }
