@@ -936,6 +936,66 @@ fn a_plan_swaps_what_its_copies_can_hide_before_the_next_read() {
     a_swapping_plan_wins(&recompute, &swapping);
 }
 
+/// A plan starts from a boundary whose resident storages all fit at once.
+/// Twenty-four 1 MiB weights updated in place and 1 MiB activations at 40 %
+/// of the peak with swap at 24 GB/s: the first step ends with 20 weights
+/// resident, and a simulation under a budget below their sum swapped the
+/// first out while putting the last, then logged both at offset 0, so the
+/// runtime, placing every resident storage of the plan's start at once,
+/// failed with an internal error ("arena layout does not fit"). Such a
+/// simulation now starts from no state the runtime holds and is not a plan.
+#[test]
+fn a_plans_start_places_every_resident_storage_at_once() {
+    use remat_dtr::replay::ReplayStatus;
+    let trace = weight_heavy_step(24);
+    let r = replay_as_the_cli(&trace, 0.4, DtrConfig::default().with_swap(Some(24.0)), 3);
+    assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
+    for it in &r.iterations[1..] {
+        assert!(it.planned && it.divergences == 0, "{it:?}");
+        assert!(it.swapped_out_bytes > 0, "the plan swaps: {it:?}");
+    }
+}
+
+/// A training step whose `layers` weights (1 MiB each, updated in place)
+/// weigh as much as its activations (1 MiB each, read again backward).
+fn weight_heavy_step(layers: usize) -> remat_trace::Trace {
+    const MIB: u64 = 1 << 20;
+    let mut t = remat_trace::TraceBuilder::new("weights").constant("x", MIB);
+    for i in 0..layers {
+        t = t.constant(&format!("w{i}"), MIB);
+    }
+    let mut prev = "x".to_string();
+    for i in 0..layers {
+        let a = format!("a{i}");
+        t = t.call("fwd", &[&prev, &format!("w{i}")], &a, MIB, 30_000);
+        prev = a;
+    }
+    t = t.call("loss", &[&prev], "loss", 1024, 100).backward();
+    let mut grad = "loss".to_string();
+    for i in (0..layers).rev() {
+        let (a, w, g, dw) = (
+            format!("a{i}"),
+            format!("w{i}"),
+            format!("g{i}"),
+            format!("dw{i}"),
+        );
+        let input = if i == 0 {
+            "x".to_string()
+        } else {
+            format!("a{}", i - 1)
+        };
+        t = t
+            .call("bwd", &[&grad, &a, &w], &g, MIB, 60_000)
+            .call("dw", &[&grad, &input], &dw, MIB, 60_000)
+            .release(&grad)
+            .release(&a)
+            .mutate("sgd", &[&w, &dw], &[0], 100)
+            .release(&dw);
+        grad = g;
+    }
+    t.release(&grad).build().expect("the step replays")
+}
+
 /// `iterations` steps of `trace` at `ratio` of its peak under a physical
 /// budget, remat's default policy, `config` otherwise, and moves charged as
 /// `remat replay` charges them (1 500 GB/s, the roofline's HBM).

@@ -233,7 +233,8 @@ pub(super) fn simulate(
     let ran = run(&mut rt, rec, limits, &mut events);
     let work = rt.decision_work() + events;
     match ran {
-        Ok(()) => {}
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => return Ok((Err(why), work)),
         Err(Error::ImpossibleBudget(_)) => return Ok((Err(Infeasible::Impossible), work)),
         Err(Error::ComputeLimit { .. }) => return Ok((Err(Infeasible::TooCostly), work)),
         Err(e) => {
@@ -286,7 +287,14 @@ impl Limits {
 
 /// Drive `rt` through the boundary state and the recorded events.
 /// `events` counts the recorded events driven (for the planning work).
-fn run(rt: &mut Runtime<()>, rec: &Recording, limits: Limits, events: &mut u64) -> Result<()> {
+/// `Ok(Err(Impossible))`: the boundary's resident storages do not all fit
+/// the simulated budget at once.
+fn run(
+    rt: &mut Runtime<()>,
+    rec: &Recording,
+    limits: Limits,
+    events: &mut u64,
+) -> Result<std::result::Result<(), Infeasible>> {
     let limit_ns = limits.total_ns;
     let view: Arc<dyn OpHandle<()>> = Arc::new(SimOp {
         fresh: 0,
@@ -304,6 +312,14 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limits: Limits, events: &mut u64) 
             rt.put_swapped(bytes)?
         };
         on_storage.push((t, false));
+    }
+    // The runtime adopts a plan by placing every resident storage of its
+    // start at once: a simulation whose budget made one put evict or swap
+    // out an earlier one starts from a state the runtime never holds (its
+    // offsets would overlap), so it cannot be a plan.
+    let displaced = rt.stats().evictions + rt.stats().swap_outs;
+    if displaced > 0 {
+        return Ok(Err(Infeasible::Impossible));
     }
     let mut prefix: Vec<Option<TensorId>> = Vec::with_capacity(rec.start.tensors.len());
     for &(pos, refs) in &rec.start.tensors {
@@ -423,5 +439,5 @@ fn run(rt: &mut Runtime<()>, rec: &Recording, limits: Limits, events: &mut u64) 
             }
         }
     }
-    Ok(())
+    Ok(Ok(()))
 }
