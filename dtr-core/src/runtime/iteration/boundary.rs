@@ -203,6 +203,13 @@ impl<V> Runtime<V> {
     /// older tensor.) Frameworks whose optimizers make new parameter tensors
     /// each step (Burn) and those that keep them (Candle) both repeat it.
     pub(super) fn boundary(&self) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
+        self.boundary_as(&[])
+    }
+
+    /// [`Self::boundary`] as it would be with the resident storages of
+    /// `as_swapped` in the host tier instead.
+    fn boundary_as(&self, as_swapped: &[StorageId]) -> (Boundary, Vec<StorageId>, Vec<TensorId>) {
+        let resident = |s: StorageId| self.graph.st(s).is_resident() && !as_swapped.contains(&s);
         let key = |s: StorageId| {
             let r = self.graph.st(s);
             let born = (r.tensors.iter())
@@ -210,7 +217,7 @@ impl<V> Runtime<V> {
                 .map(|t| t.born)
                 .min()
                 .unwrap_or(u64::MAX);
-            (!r.is_resident(), born, r.epoch, r.seq, s.0)
+            (!resident(s), born, r.epoch, r.seq, s.0)
         };
         // Each key is computed once (it reads the storage's tensors).
         let mut order: Vec<(_, StorageId)> = self
@@ -257,7 +264,9 @@ impl<V> Runtime<V> {
             .collect();
         let storages = order.iter().map(|&s| self.graph.st(s).bytes).collect();
         let swapped = (order.iter())
-            .filter(|&&s| self.graph.st(s).residency == Residency::Swapped)
+            .filter(|&&s| {
+                self.graph.st(s).residency == Residency::Swapped || as_swapped.contains(&s)
+            })
             .count() as u32;
         let boundary = Boundary {
             storages,
@@ -332,7 +341,7 @@ impl<V> Runtime<V> {
             self.diverge("the iteration ended before its plan did");
         }
         self.iter.epoch += 1;
-        let (boundary, residents, live) = self.boundary();
+        let (mut boundary, mut residents, live) = self.boundary();
         let own = self.iter.recorder.recording.take();
         let recorded = match (followed_whole, own, self.iter.follower.plan.as_ref()) {
             (true, Some(_), Some(p)) => Some(p.recording.clone()),
@@ -378,7 +387,7 @@ impl<V> Runtime<V> {
                     }
                 }
             }
-            Some(rec) => match previous {
+            Some(rec) => match previous.clone() {
                 // The iteration repeated its plan exactly: the plan stands.
                 Some(p) if followed_whole && p.recording.start == boundary => {
                     next = Some(p);
@@ -392,6 +401,43 @@ impl<V> Runtime<V> {
                 }
             },
         };
+        // A plan followed to its end whose own start differs from this
+        // boundary only in which storages are in the host tier stands, once
+        // those storages are copied out again, where that costs no more than
+        // the plan made for this boundary (or none was found): no plan lost
+        // to a boundary.
+        let mut restored = (0.0, 0);
+        if let Some(p) = previous
+            .as_ref()
+            .filter(|_| followed_whole && self.swap_enabled())
+        {
+            let out = self.tiers_to_restore(&p.recording.start, &boundary, &residents);
+            if let Some(out) = out.filter(|o| self.boundary_as(o).0 == p.recording.start) {
+                let keep_ns = report.wall_ns() + self.restore_cost_ns(&out);
+                if keep_ns <= next.as_ref().map_or(f64::INFINITY, |n| n.total_ns) {
+                    let before = (self.stats.stall_ns, self.stats.swapped_out_bytes);
+                    self.iter.follower.following = false;
+                    let mut all = true;
+                    for s in out {
+                        all &= self.swap_out(s)?;
+                    }
+                    (boundary, residents, _) = self.boundary();
+                    if all && boundary == p.recording.start {
+                        next = Some(p.clone());
+                        report.planning = PlanStatus::Kept;
+                        report.no_plan = None;
+                    } else if next.as_ref().is_some_and(|n| n.recording.start != boundary) {
+                        // A refused copy left neither start: online.
+                        next = None;
+                        report.planning = PlanStatus::StartDiffers;
+                    }
+                    restored = (
+                        self.stats.stall_ns - before.0,
+                        self.stats.swapped_out_bytes - before.1,
+                    );
+                }
+            }
+        }
         report.next_plan = next.as_deref().map(Into::into);
         if let Some(plan) = next.clone() {
             self.adopt(&plan, &residents[..boundary.resident().len()])?;
@@ -414,6 +460,9 @@ impl<V> Runtime<V> {
         }
         self.iter.rescue.arena_since = None;
         self.iter.start_stats = self.stats.clone();
+        // The copies that restored the plan's start are the next step's.
+        self.iter.start_stats.stall_ns -= restored.0;
+        self.iter.start_stats.swapped_out_bytes -= restored.1;
         if let Some(tier) = self.host.as_mut() {
             tier.restart_stall_marks(self.stats.stall_ns);
         }
@@ -431,6 +480,62 @@ impl<V> Runtime<V> {
             }
         }
         Ok(report)
+    }
+
+    /// The storages to copy out to the host tier so that this boundary
+    /// (`have`, `order` its storages) starts as `want` (the start of the plan
+    /// just followed) did: those `want` had there and `have` holds resident,
+    /// matched by their live tensors, whose numbering does not depend on the
+    /// tier. `None` when the two differ otherwise (other sizes or tensors), a
+    /// matched storage is pinned, or nothing needs to move.
+    ///
+    /// A plan that swaps ends with the storages it copied back resident, so
+    /// the next boundary can differ from the start it was planned from in
+    /// that alone. Planned again from there, a held-out Llama-like model at
+    /// 0.3 of its peak found no plan and ran online at 6.4× instead of
+    /// following its 2.3× plan; t5_small at 0.2 found a dearer one (1.468×
+    /// against 1.392×; `docs/dtr-results.md`, session 38).
+    fn tiers_to_restore(
+        &self,
+        want: &Boundary,
+        have: &Boundary,
+        order: &[StorageId],
+    ) -> Option<Vec<StorageId>> {
+        if want.tensors.len() != have.tensors.len() || want.storages.len() != have.storages.len() {
+            return None;
+        }
+        let want_resident = want.resident().len();
+        let mut out: Vec<StorageId> = Vec::new();
+        for (w, h) in want.tensors.iter().zip(&have.tensors) {
+            let (Some(w), Some(h)) = (w.0, h.0) else {
+                continue;
+            };
+            let s = *order.get(h as usize)?;
+            let r = self.graph.st(s);
+            if w as usize >= want_resident && r.is_resident() && !out.contains(&s) {
+                if r.pins > 0 {
+                    return None;
+                }
+                out.push(s);
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// What copying `out` to the host tier may cost the next step at most
+    /// (ns): each copy not already there (no clean host copy) on the
+    /// device-to-host engine, the step waiting for all of them.
+    fn restore_cost_ns(&self, out: &[StorageId]) -> f64 {
+        let bytes: u64 = (out.iter())
+            .map(|&s| self.graph.st(s))
+            .filter(|r| !r.host_copy)
+            .map(|r| r.bytes)
+            .sum();
+        // GB/s = B/ns.
+        self.config
+            .swap
+            .bandwidth_gbps
+            .map_or(f64::INFINITY, |gbps| bytes as f64 / gbps)
     }
 
     /// Plan `rec` for the next iteration under `bound` (ns): now, or on a
