@@ -161,20 +161,19 @@ impl<V> Runtime<V> {
                 }
             };
             let s = self.iter.seq_storages.get(seq as usize).copied();
+            let held = s.is_some_and(|s| self.parked(s));
             let ok = s.is_some_and(|s| {
                 self.graph.storages.get(s.0).is_some_and(|r| {
-                    if parked {
-                        r.is_resident() && r.recomputable && r.holds > 0 && r.pins == r.holds
-                    } else {
-                        r.cand_pos != NONE
-                    }
+                    // A victim the simulation took held by a regeneration may
+                    // be an ordinary candidate here: taken as one.
+                    r.cand_pos != NONE || (parked && r.recomputable && held)
                 })
             });
             let Some(s) = s.filter(|_| ok) else {
                 self.diverge("a planned victim is not evictable");
                 return Ok(None);
             };
-            if parked {
+            if parked && held {
                 self.parked_evicted.push(s);
                 self.stats.parked_evictions += 1;
             }
@@ -301,6 +300,13 @@ impl<V> Runtime<V> {
         }
     }
 
+    /// Whether `s` is resident and held only by the regeneration under way
+    /// (parked): what a plan's parked steps take.
+    fn parked(&self, s: StorageId) -> bool {
+        (self.graph.storages.get(s.0))
+            .is_some_and(|r| r.is_resident() && r.holds > 0 && r.pins == r.holds)
+    }
+
     /// Take a plan's swap-out: `false` when the storage it names is not
     /// there to swap (resident, and a candidate or parked) or the host tier
     /// refused it.
@@ -310,19 +316,18 @@ impl<V> Runtime<V> {
         } else {
             self.iter.seq_storages.get(at as usize).copied()
         };
+        let held = s.is_some_and(|s| self.parked(s));
         let Some(s) = s.filter(|s| {
-            self.graph.storages.get(s.0).is_some_and(|r| {
-                r.is_resident()
-                    && if parked {
-                        r.holds > 0 && r.pins == r.holds
-                    } else {
-                        r.cand_pos != NONE
-                    }
-            })
+            // As for a planned eviction: one held in the simulation may be
+            // an ordinary candidate here.
+            self.graph
+                .storages
+                .get(s.0)
+                .is_some_and(|r| r.is_resident() && (r.cand_pos != NONE || (parked && held)))
         }) else {
             return Ok(false);
         };
-        if parked {
+        if parked && held {
             self.parked_evicted.push(s);
             self.stats.parked_evictions += 1;
         }
