@@ -377,7 +377,10 @@ pub enum PlanStatus {
     /// parameters with ops. The next boundary plans. (A first step that only
     /// put what it kept is carried: the next step is planned from it.)
     StartDiffers,
-    /// The iteration followed its plan exactly; the plan stands.
+    /// The iteration followed its plan exactly; the plan stands. With swap
+    /// on, also where the boundary differed from the plan's start only in
+    /// which storages were in the host tier and copying those out again
+    /// cost no more than a new plan (the copies are the next step's).
     Kept,
     /// A new plan was made.
     Planned,
