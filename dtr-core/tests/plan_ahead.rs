@@ -703,22 +703,58 @@ fn a_losing_step_moves_into_the_arena_before_it_switches_policy() {
     rt.check_invariants().unwrap();
 }
 
+/// Sizes (bytes) and costs (ns) of the steps [`shaped_step`] writes.
+struct StepShape {
+    weight: u64,
+    activation: u64,
+    forward_ns: u64,
+    backward_ns: u64,
+    weight_grad_ns: u64,
+}
+
+/// Weights of 64 KiB, activations of 512 KiB: [`step_trace`]'s.
+const SMALL_STEP: StepShape = StepShape {
+    weight: 64 << 10,
+    activation: 512 << 10,
+    forward_ns: 1_000,
+    backward_ns: 2_000,
+    weight_grad_ns: 1_500,
+};
+
 /// A training step written as a trace: `layers` weights of 64 KiB (constants,
 /// updated in place after the backward), forward activations of 512 KiB, a
 /// backward reading each in reverse. `widen`: a layer whose activation is twice
 /// as large; `skip`: a layer left out (its ops dropped).
 fn step_trace(layers: usize, widen: Option<usize>, skip: Option<usize>) -> remat_trace::Trace {
+    shaped_step(&SMALL_STEP, layers, widen, skip)
+}
+
+/// [`step_trace`] with the weights, activations (the input's size too) and
+/// op costs of `shape`; each gradient is the size of what it differentiates.
+fn shaped_step(
+    shape: &StepShape,
+    layers: usize,
+    widen: Option<usize>,
+    skip: Option<usize>,
+) -> remat_trace::Trace {
     const KIB: u64 = 1 << 10;
-    let mut t = remat_trace::TraceBuilder::new("step").constant("x", 512 * KIB);
+    let act = shape.activation;
+    let mut t = remat_trace::TraceBuilder::new("step").constant("x", act);
     for i in 0..layers {
-        t = t.constant(&format!("w{i}"), 64 * KIB);
+        t = t.constant(&format!("w{i}"), shape.weight);
     }
     let kept: Vec<usize> = (0..layers).filter(|&i| skip != Some(i)).collect();
     let mut prev = "x".to_string();
     for &i in &kept {
-        let bytes = if widen == Some(i) { 1024 } else { 512 } * KIB;
+        let bytes = if widen == Some(i) { 2 * act } else { act };
         let a = format!("a{i}");
-        t = t.call("fwd", &[&prev, &format!("w{i}")], &a, bytes, 1_000);
+        t = t.call(
+            "fwd",
+            &[&prev, &format!("w{i}")],
+            &a,
+            bytes,
+            shape.forward_ns,
+        );
         prev = a;
     }
     t = t.call("loss", &[&prev], "loss", KIB, 100).backward();
@@ -732,8 +768,14 @@ fn step_trace(layers: usize, widen: Option<usize>, skip: Option<usize>) -> remat
         };
         let (g, dw) = (format!("g{i}"), format!("dw{i}"));
         t = t
-            .call("bwd", &[&grad, &a, &w], &g, 512 * KIB, 2_000)
-            .call("dw", &[&grad, &input], &dw, 64 * KIB, 1_500)
+            .call("bwd", &[&grad, &a, &w], &g, act, shape.backward_ns)
+            .call(
+                "dw",
+                &[&grad, &input],
+                &dw,
+                shape.weight,
+                shape.weight_grad_ns,
+            )
             .release(&grad)
             .release(&a)
             .mutate("sgd", &[&w, &dw], &[0], 100)
@@ -936,6 +978,15 @@ fn a_plan_swaps_what_its_copies_can_hide_before_the_next_read() {
     a_swapping_plan_wins(&recompute, &swapping);
 }
 
+/// Weights as heavy as the activations (1 MiB each), ops of 30–60 µs.
+const WEIGHT_HEAVY: StepShape = StepShape {
+    weight: 1 << 20,
+    activation: 1 << 20,
+    forward_ns: 30_000,
+    backward_ns: 60_000,
+    weight_grad_ns: 60_000,
+};
+
 /// A plan starts from a boundary whose resident storages all fit at once.
 /// Twenty-four 1 MiB weights updated in place and 1 MiB activations at 40 %
 /// of the peak with swap at 24 GB/s: the first step ends with 20 weights
@@ -947,53 +998,13 @@ fn a_plan_swaps_what_its_copies_can_hide_before_the_next_read() {
 #[test]
 fn a_plans_start_places_every_resident_storage_at_once() {
     use remat_dtr::replay::ReplayStatus;
-    let trace = weight_heavy_step(24);
+    let trace = shaped_step(&WEIGHT_HEAVY, 24, None, None);
     let r = replay_as_the_cli(&trace, 0.4, DtrConfig::default().with_swap(Some(24.0)), 3);
     assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
     for it in &r.iterations[1..] {
         assert!(it.planned && it.divergences == 0, "{it:?}");
         assert!(it.swapped_out_bytes > 0, "the plan swaps: {it:?}");
     }
-}
-
-/// A training step whose `layers` weights (1 MiB each, updated in place)
-/// weigh as much as its activations (1 MiB each, read again backward).
-fn weight_heavy_step(layers: usize) -> remat_trace::Trace {
-    const MIB: u64 = 1 << 20;
-    let mut t = remat_trace::TraceBuilder::new("weights").constant("x", MIB);
-    for i in 0..layers {
-        t = t.constant(&format!("w{i}"), MIB);
-    }
-    let mut prev = "x".to_string();
-    for i in 0..layers {
-        let a = format!("a{i}");
-        t = t.call("fwd", &[&prev, &format!("w{i}")], &a, MIB, 30_000);
-        prev = a;
-    }
-    t = t.call("loss", &[&prev], "loss", 1024, 100).backward();
-    let mut grad = "loss".to_string();
-    for i in (0..layers).rev() {
-        let (a, w, g, dw) = (
-            format!("a{i}"),
-            format!("w{i}"),
-            format!("g{i}"),
-            format!("dw{i}"),
-        );
-        let input = if i == 0 {
-            "x".to_string()
-        } else {
-            format!("a{}", i - 1)
-        };
-        t = t
-            .call("bwd", &[&grad, &a, &w], &g, MIB, 60_000)
-            .call("dw", &[&grad, &input], &dw, MIB, 60_000)
-            .release(&grad)
-            .release(&a)
-            .mutate("sgd", &[&w, &dw], &[0], 100)
-            .release(&dw);
-        grad = g;
-    }
-    t.release(&grad).build().expect("the step replays")
 }
 
 /// No plan lost to a boundary: a plan followed whole whose start differs
