@@ -387,10 +387,10 @@ impl<V> Runtime<V> {
                     }
                 }
             }
-            Some(rec) => match previous.clone() {
+            Some(rec) => match &previous {
                 // The iteration repeated its plan exactly: the plan stands.
                 Some(p) if followed_whole && p.recording.start == boundary => {
-                    next = Some(p);
+                    next = Some(p.clone());
                     PlanStatus::Kept
                 }
                 _ => {
