@@ -318,6 +318,63 @@ fn sweeps_replay_each_cell_as_iterations() {
     );
 }
 
+/// A forward chain of 12 ops on 600 KiB tensors, then a backward reading
+/// them in reverse, written to a file: under a small budget each backward
+/// read regenerates a chain.
+fn write_forward_backward() -> PathBuf {
+    let kib = 600 << 10;
+    let mut t = TraceBuilder::new("fwd-bwd").constant("x", kib);
+    let mut prev = "x".to_string();
+    for i in 0..12 {
+        let out = format!("y{i}");
+        t = t.call("f", &[&prev], &out, kib, 1000);
+        prev = out;
+    }
+    for i in (0..12).rev() {
+        let (y, g) = (format!("y{i}"), format!("g{i}"));
+        t = t.call("b", &[&y], &g, kib, 1000).release(&y).release(&g);
+    }
+    let trace = t.build().expect("the step replays");
+    let path = write_trace().with_file_name(format!("fwd-bwd-{}.log", std::process::id()));
+    std::fs::write(&path, trace.to_jsonl()).unwrap();
+    path
+}
+
+/// `--thrash-limit` moves the replayer's stop: a run stopped as thrash at
+/// the default 2× finishes under a larger limit, past 2×; bad limits and a
+/// limit on a sweep are errors.
+#[test]
+fn the_thrash_limit_moves_the_replayers_stop() {
+    let trace = write_forward_backward();
+    let path = trace.to_str().unwrap();
+    let args = ["--ratio", "0.25", "--conf", "thrash_rescue:off"];
+    let stopped = json(&remat(&[&["replay", path, "--json"], &args[..]].concat()));
+    assert_eq!(stopped["status"], "thrash", "{stopped}");
+    let run = json(&remat(
+        &[
+            &["replay", path, "--json", "--thrash-limit", "1000"],
+            &args[..],
+        ]
+        .concat(),
+    ));
+    assert_eq!(run["status"], "ok", "{run}");
+    assert!(run["overhead"].as_f64().unwrap() > 2.0, "{run}");
+    for (flag, says) in [
+        ("--thrash-limit=0.5", "at least 1"),
+        ("--thrash-limit=NaN", "at least 1"),
+        ("--thrash-limit=inf", "at least 1"),
+    ] {
+        let out = remat(&["replay", path, flag]);
+        assert!(!out.status.success(), "{flag} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{flag}: {err}");
+    }
+    let out = remat(&["replay", "--sweep", "--thrash-limit", "3"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("single run"), "{err}");
+}
+
 #[test]
 fn iteration_options_that_do_not_go_together_are_errors() {
     let trace = write_trace();

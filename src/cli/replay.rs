@@ -72,6 +72,15 @@ pub struct ReplayArgs {
     /// under-charges). The sweep takes it too.
     #[arg(long)]
     pub move_bandwidth: Option<f64>,
+    /// Stop an iteration as thrash once its compute (first computations,
+    /// replays, stalls) passes this multiple of the trace's: a single-
+    /// iteration replay and each planned iteration at this, an online one
+    /// of several at this or 20, whichever is more. Absent: 2. The stop is
+    /// the replayer's; training has none, so a larger limit shows what a
+    /// step past it would cost and what the plans after it reach. At least
+    /// 1; single runs only.
+    #[arg(long)]
+    pub thrash_limit: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -108,6 +117,18 @@ pub(crate) fn load(name: &str) -> Result<Trace, Box<dyn std::error::Error>> {
         format!("trace {name:?} not found (set REMAT_TRACES_DIR to the DTR-paper traces)")
     })?;
     Ok(Trace::load(&path)?)
+}
+
+/// The replayer's stop for `--thrash-limit` (2 when absent).
+fn thrash_limit(flag: Option<f64>) -> Result<f64, String> {
+    match flag {
+        None => Ok(2.0),
+        Some(x) if x.is_finite() && x >= 1.0 => Ok(x),
+        Some(x) => Err(format!(
+            "--thrash-limit {x}: expected a multiple of the trace's compute, at least 1 \
+             (2 when absent)"
+        )),
+    }
 }
 
 fn oracles(args: &ReplayArgs) -> Result<Vec<OracleKind>, String> {
@@ -303,7 +324,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             .with_budget(budget)
             .with_budget_mode(mode)
             .with_policy(policy),
-        thrash_limit: 2.0,
+        thrash_limit: thrash_limit(args.thrash_limit)?,
         timeline_every: args
             .timeline
             .as_ref()
@@ -413,6 +434,9 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn run_sweep_cmd(args: &ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.thrash_limit.is_some() {
+        return Err("--thrash-limit applies to a single run; the sweep stops at 2".into());
+    }
     let names: Vec<String> = if args.traces.is_empty() {
         trace_files().iter().map(|p| Trace::name_of(p)).collect()
     } else {
