@@ -22,13 +22,18 @@ fn write_trace() -> PathBuf {
     for i in 0..7 {
         t = t.release(&format!("y{i}"));
     }
-    let trace = t.build().expect("the chain replays");
+    write(&t.build().expect("the chain replays"), "chain")
+}
+
+/// Write `trace` to a fresh file named after `stem` in this process's
+/// directory.
+fn write(trace: &remat_trace::Trace, stem: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("remat-replay-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // One file per call: the tests run in parallel threads of one process.
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!("chain-{n}.log"));
+    let path = dir.join(format!("{stem}-{n}.log"));
     std::fs::write(&path, trace.to_jsonl()).unwrap();
     path
 }
@@ -334,10 +339,7 @@ fn write_forward_backward() -> PathBuf {
         let (y, g) = (format!("y{i}"), format!("g{i}"));
         t = t.call("b", &[&y], &g, kib, 1000).release(&y).release(&g);
     }
-    let trace = t.build().expect("the step replays");
-    let path = write_trace().with_file_name(format!("fwd-bwd-{}.log", std::process::id()));
-    std::fs::write(&path, trace.to_jsonl()).unwrap();
-    path
+    write(&t.build().expect("the step replays"), "fwd-bwd")
 }
 
 /// `--thrash-limit` moves the replayer's stop: a run stopped as thrash at
