@@ -11,18 +11,27 @@ use remat_trace::TraceBuilder;
 /// A chain of 8 ops on 600 KiB tensors, each read by the next, then released,
 /// written to a file.
 fn write_trace() -> PathBuf {
-    let kib = 600 << 10;
-    let mut t = TraceBuilder::new("chain").constant("x", kib);
-    let mut prev = "x".to_string();
-    for i in 0..8 {
-        let out = format!("y{i}");
-        t = t.call("f", &[&prev], &out, kib, 1000);
-        prev = out;
-    }
+    let mut t = forward_chain("chain", 8);
     for i in 0..7 {
         t = t.release(&format!("y{i}"));
     }
     write(&t.build().expect("the chain replays"), "chain")
+}
+
+/// Size of every tensor of the traces written here (600 KiB).
+const KIB600: u64 = 600 << 10;
+
+/// A trace named `name` whose input `x` feeds a chain of `n` ops `f`, each
+/// making `y{i}` of [`KIB600`] from the one before in 1 µs.
+fn forward_chain(name: &str, n: usize) -> TraceBuilder {
+    let mut t = TraceBuilder::new(name).constant("x", KIB600);
+    let mut prev = "x".to_string();
+    for i in 0..n {
+        let out = format!("y{i}");
+        t = t.call("f", &[&prev], &out, KIB600, 1000);
+        prev = out;
+    }
+    t
 }
 
 /// Write `trace` to a fresh file named after `stem` in this process's
@@ -327,17 +336,10 @@ fn sweeps_replay_each_cell_as_iterations() {
 /// them in reverse, written to a file: under a small budget each backward
 /// read regenerates a chain.
 fn write_forward_backward() -> PathBuf {
-    let kib = 600 << 10;
-    let mut t = TraceBuilder::new("fwd-bwd").constant("x", kib);
-    let mut prev = "x".to_string();
-    for i in 0..12 {
-        let out = format!("y{i}");
-        t = t.call("f", &[&prev], &out, kib, 1000);
-        prev = out;
-    }
+    let mut t = forward_chain("fwd-bwd", 12);
     for i in (0..12).rev() {
         let (y, g) = (format!("y{i}"), format!("g{i}"));
-        t = t.call("b", &[&y], &g, kib, 1000).release(&y).release(&g);
+        t = t.call("b", &[&y], &g, KIB600, 1000).release(&y).release(&g);
     }
     write(&t.build().expect("the step replays"), "fwd-bwd")
 }
