@@ -34,9 +34,10 @@ Options:
   -- EXTRA ...        passed to every default-policy replay, e.g.
                       `-- --swap-bandwidth 24` or `-- --conf thrash_rescue:off`
 
-With `--swap-bandwidth` in EXTRA the goal lines are issue 33's (finishes
-or names its op, steady <= 1.3x at 0.2, first <= 3x at 0.3); otherwise issue
-32's. Figures are overheads: (compute + replays + stalls) / compute.
+With swap on in EXTRA (`--swap-bandwidth` above 0) the goal lines are issue
+33's (finishes or names its op, steady <= 1.3x at 0.2, first <= 3x at 0.3);
+otherwise issue 32's. The reference is always swap-off h_DTR. Figures are
+overheads: (compute + replays + stalls) / compute.
 """
 import concurrent.futures as cf
 import glob
@@ -150,6 +151,23 @@ def readme_figures(trace, ratios):
     return {}
 
 
+def swap_on(extra):
+    """Whether EXTRA turns swap on: `--swap-bandwidth X` or `--swap-bandwidth=X`
+    with X above 0 (0 is off, as for `remat replay`)."""
+    for i, a in enumerate(extra):
+        v = None
+        if a == "--swap-bandwidth" and i + 1 < len(extra):
+            v = extra[i + 1]
+        elif a.startswith("--swap-bandwidth="):
+            v = a.split("=", 1)[1]
+        if v is not None:
+            try:
+                return float(v) > 0
+            except ValueError:
+                return False  # `remat replay` rejects it with a typed error
+    return False
+
+
 def replay(binary, args):
     p = subprocess.run([binary, "replay", *args, "--json"], capture_output=True, text=True)
     try:
@@ -165,7 +183,7 @@ def replay(binary, args):
 
 def main():
     o = parse_args(sys.argv[1:])
-    swap = "--swap-bandwidth" in o["extra"]
+    swap = swap_on(o["extra"])
     builds = [o["remat"]] + ([o["compare"]] if o["compare"] else [])
     jobs = {}
     with cf.ThreadPoolExecutor(max_workers=o["jobs"]) as pool:
