@@ -2,11 +2,13 @@
 """The online-step goals (issue 32) and, with swap on, the host tier's (issue 33)
 on any set of traces: one table, one line per goal, from `remat replay` runs.
 
-    scripts/goal-table.py [options] [TRACE ...]
+    scripts/goal-table.py [options] [TRACE ...] [-- EXTRA ...]
 
-TRACE is a trace file (DTR paper format) or a name `remat replay` resolves
-through REMAT_TRACES_DIR. Without TRACEs: every `*.log` in REMAT_TRACES_DIR
-(default ../shared/traces/dtr-paper) and in the `torch` folder beside it.
+TRACE is a trace file (DTR paper format) or a name: the trace in
+REMAT_TRACES_DIR (default ../shared/traces/dtr-paper) or in the `torch`
+folder beside it whose name (the file name up to its first '-') is TRACE,
+else whose file name starts with TRACE. Without TRACEs: every `*.log` in
+those two folders.
 A trace logged from your own model (`scripts/log-torch-trace.py`, or a
 recording written with `Recording::to_trace`) works the same way: this is
 how the goals are checked on models that are not in the repository.
@@ -15,18 +17,19 @@ For each trace and ratio it runs, in parallel:
   remat replay T --ratio R --iterations N --json [EXTRA]          (first, steady)
   remat replay T --ratio R --policy dtr --budget-mode logical \\
       --conf sampling:off --json                                   (remat's h_DTR)
-The reference of a cell is the lower finishing figure of remat's full-scan
-h_DTR under a logical budget and the authors' simulator, read from the
-README.md beside the trace where it lists one (a row named like the trace
-file up to its first '-', one column per ratio). A figure finishes when it
-is a number of at most 2.0 (the single-iteration replayer's stop).
+The reference of a cell is the lower of the two figures that finish (a
+number of at most 2.0, the single-iteration replayer's stop): remat's
+full-scan h_DTR above, and the authors' simulator's figure from the
+README.md beside the trace, where it has a table with a `trace` column and
+one column per ratio, and a row named like the trace.
 
 Options:
   --remat BIN         the CLI to run (default: target/release/remat; build it
                       with `cargo build --release --bin remat`)
-  --compare BIN       a second build: each cell shows this build's figures
-                      after the first's ("a → b"), and the goal lines count
-                      this build's
+  --compare BIN       a second build: each cell shows its figures after the
+                      first's ("a → b"); "steady vs reference" and the goal
+                      lines are the second build's (the reference runs on
+                      the first)
   --ratios LIST       comma-separated (default 0.5,0.4,0.3,0.25,0.2)
   --iterations N      (default 3)
   --jobs N            replays at once (default 2)
@@ -103,25 +106,43 @@ def parse_args(argv):
         b = opts[key]
         if b is not None and not os.access(b, os.X_OK):
             fail(f"--{key}: no executable at {b} (cargo build --release --bin remat)")
+    if not opts["ratios"]:
+        fail("--ratios: no ratio given")
     base = os.environ.get("REMAT_TRACES_DIR") or os.path.join(ROOT, "..", "shared", "traces", "dtr-paper")
-    dirs = [base, os.path.join(os.path.dirname(os.path.normpath(base)), "torch")]
-    # A name is resolved as `remat replay` resolves it, so that the README
-    # beside the file is found too; an unknown name is passed on unchanged
-    # (its replay then says what is wrong).
+    dirs = []
+    for d in (base, os.path.join(os.path.dirname(os.path.normpath(base)), "torch")):
+        if os.path.realpath(d) not in map(os.path.realpath, dirs):
+            dirs.append(d)
+    files = sorted(f for d in dirs for f in glob.glob(os.path.join(d, "*.log")))
+    # A name becomes its file, so that the README beside it is found and the
+    # row is named by the file; a name that matches no file is an error here,
+    # before any replay runs.
     for i, t in enumerate(opts["traces"]):
-        if not os.path.isfile(t):
-            found = [f for d in dirs for f in glob.glob(os.path.join(d, f"{t}-*.log")) + glob.glob(os.path.join(d, f"{t}.log"))]
-            if len(found) == 1:
-                opts["traces"][i] = found[0]
+        if os.path.isfile(t):
+            continue
+        found = [f for f in files if stem(f) == t] or [f for f in files if os.path.basename(f).startswith(t)]
+        if not found:
+            fail(f"trace '{t}': no such file, and no trace of that name in {' or '.join(dirs)} (set REMAT_TRACES_DIR)")
+        opts["traces"][i] = found[0]
     if not opts["traces"]:
-        opts["traces"] = sorted(t for d in dirs for t in glob.glob(os.path.join(d, "*.log")))
-        if not opts["traces"]:
-            fail(f"no traces given and none in {dirs[0]} or {dirs[1]} (set REMAT_TRACES_DIR)")
+        opts["traces"] = files
+        if not files:
+            fail(f"no traces given and none in {' or '.join(dirs)} (set REMAT_TRACES_DIR)")
     return opts
 
 
 def stem(trace):
-    return os.path.basename(trace).split("-")[0]
+    """The trace's name, as `Trace::name_of` gives it: the file name without
+    its extension, up to its first '-'."""
+    return os.path.splitext(os.path.basename(trace))[0].split("-")[0]
+
+
+def as_ratio(cell):
+    """A table header cell as a ratio, or None."""
+    try:
+        return float(cell)
+    except ValueError:
+        return None
 
 
 def readme_figures(trace, ratios):
@@ -136,13 +157,13 @@ def readme_figures(trace, ratios):
         if not cells:
             header = None
             continue
-        if cells[0] == "trace" and any(c in ratios for c in cells):
-            header = cells
+        if cells[0] == "trace" and any(as_ratio(c) in map(float, ratios) for c in cells):
+            header = [as_ratio(c) for c in cells]
         elif header and cells[0].strip("`") == stem(trace) and len(cells) == len(header):
             out = {}
             for r in ratios:
-                if r in header:
-                    v = cells[header.index(r)]
+                if float(r) in header:
+                    v = cells[header.index(float(r))]
                     try:
                         out[r] = float(v)
                     except ValueError:
@@ -173,11 +194,12 @@ def replay(binary, args):
     try:
         d = json.loads(p.stdout)
     except ValueError:
-        return {"status": "error", "error": (p.stderr.strip() or p.stdout.strip())[:300], "its": []}
+        return {"status": "error", "error": (p.stderr.strip() or p.stdout.strip())[:300], "its": [], "its_status": []}
     return {
         "status": d.get("status"),
         "error": d.get("error"),
         "its": [it["overhead"] for it in d.get("iterations", [])],
+        "its_status": [it.get("status") for it in d.get("iterations", [])],
     }
 
 
@@ -197,6 +219,11 @@ def main():
                     jobs[(t, r, "ref")] = pool.submit(replay, o["remat"], args)
         done = {k: f.result() for k, f in jobs.items()}
 
+    def first_ok(c):
+        # The first step's own status: a run whose later step thrashes has
+        # a first step that finished.
+        return bool(c["its_status"]) and c["its_status"][0] == "ok"
+
     def first(c):
         return c["its"][0] if c["its"] else None
 
@@ -205,9 +232,9 @@ def main():
 
     def show(c, f):
         v = f(c)
-        if c["status"] == "ok" and v is not None:
-            return f"{v:.4f}"
-        return c["status"] if f is first else "–"
+        if f is first:
+            return f"{v:.4f}" if first_ok(c) else (c["its_status"][0] if c["its_status"] else c["status"])
+        return f"{v:.4f}" if v is not None else "–"
 
     print("| trace | ratio | reference: simulator / remat h_DTR | first | steady | steady vs reference |")
     print("|---|---|---|---|---|---|")
@@ -229,10 +256,14 @@ def main():
             c = cells[last]
             name = f"{stem(t)} {r}"
             vs = ""
-            if reference is not None:
+            if c["status"] == "error":
+                pass  # listed under the replays that gave no figure
+            elif reference is not None:
                 g["ref"] += 1
-                if c["status"] != "ok":
+                if not first_ok(c):
                     g["fin"].append(name)
+                if steady(c) is None:
+                    g["st"].append(f"{name} (no steady state: {c['status']})")
                 else:
                     d = steady(c) / reference - 1
                     vs = f"{d * 100:+.1f} %"
@@ -242,16 +273,16 @@ def main():
                         g["st1"] += 1
             elif c["status"] == "ok" and (ref is not None or r in sim):
                 vs = "finishes (reference fails)"
-            if float(r) in (0.5, 0.4):
+            if float(r) in (0.5, 0.4) and c["status"] != "error":
                 # A cell where neither the step nor the reference finishes
                 # asks nothing of the first step.
-                if c["status"] == "ok" or reference is not None:
+                if first_ok(c) or reference is not None:
                     g["f3n"] += 1
-                    if c["status"] != "ok" or first(c) > 3.0:
+                    if not first_ok(c) or first(c) > 3.0:
                         g["f3"].append(f"{name} ({show(c, first)})")
                 else:
                     g["neither"].append(name)
-            if swap:
+            if swap and c["status"] != "error":
                 # `oom` is the typed impossible budget naming the op whose
                 # working set exceeds it: the goals' one exception.
                 if c["status"] == "oom":
@@ -264,7 +295,7 @@ def main():
                         g["sw_st"].append(f"{name} ({show(c, steady) if steady(c) else c['status']})")
                 if float(r) == 0.3 and c["status"] != "oom":
                     g["sw_f3_n"] += 1
-                    if c["status"] != "ok" or first(c) > 3.0:
+                    if not first_ok(c) or first(c) > 3.0:
                         g["sw_f3"].append(f"{name} ({show(c, first)})")
             simv = "–" if r not in sim else ("fails" if sim[r] is None else f"{sim[r]:.3f}")
             minev = f"{mine:.3f}" if mine is not None else (ref["status"] if ref else "–")
@@ -274,7 +305,9 @@ def main():
     print()
     n = g["ref"]
     label = "this build" if len(builds) == 1 else "the second build"
-    print(f"Goals ({label}, {len(o['traces'])} traces, ratios {', '.join(o['ratios'])}):")
+    which = "the host tier's (issue 33), swap on" if swap else "the online steps' (issue 32)"
+    print(f"Goals: {which}; {label}, {len(o['traces'])} traces, ratios {', '.join(o['ratios'])}:")
+    asked = set(map(float, o["ratios"]))
 
     def line(text, misses):
         print(f"- {text}" + (f"; not: {', '.join(misses)}" if misses else ""))
@@ -284,14 +317,17 @@ def main():
         line(f"finishes, or names the op whose working set exceeds the budget: {cells - len(g['sw_fin'])} of {cells}", g["sw_fin"])
         if g["sw_oom"]:
             print(f"  (an impossible budget naming its op: {', '.join(g['sw_oom'])}; left out below)")
-        line(f"steady <= 1.3x at 0.2: {g['sw_st_n'] - len(g['sw_st'])} of {g['sw_st_n']}", g["sw_st"])
-        line(f"first <= 3x at 0.3: {g['sw_f3_n'] - len(g['sw_f3'])} of {g['sw_f3_n']}", g["sw_f3"])
+        if 0.2 in asked:
+            line(f"steady <= 1.3x at 0.2: {g['sw_st_n'] - len(g['sw_st'])} of {g['sw_st_n']}", g["sw_st"])
+        if 0.3 in asked:
+            line(f"first <= 3x at 0.3: {g['sw_f3_n'] - len(g['sw_f3'])} of {g['sw_f3_n']}", g["sw_f3"])
     else:
         line(f"the first step finishes wherever the reference finishes: {n - len(g['fin'])} of {n}", g["fin"])
-        line(f"the first step <= 3x at 0.5 and 0.4: {g['f3n'] - len(g['f3'])} of {g['f3n']}", g["f3"])
+        if asked & {0.5, 0.4}:
+            line(f"the first step <= 3x at 0.5 and 0.4: {g['f3n'] - len(g['f3'])} of {g['f3n']}", g["f3"])
         if g["neither"]:
             print(f"  (neither the step nor the reference finishes, left out: {', '.join(g['neither'])})")
-        line(f"the steady state <= the reference wherever it finishes: {n - len(g['fin']) - len(g['st'])} of {n}", g["fin"] + g["st"])
+        line(f"the steady state <= the reference wherever it finishes: {n - len(g['st'])} of {n}", g["st"])
         print(f"- ... and >= 1 % lower: {g['st1']} of {n}")
     if errors:
         print("\nReplays that gave no figure:\n" + "\n".join(f"- {e}" for e in errors))
