@@ -46,7 +46,6 @@ import concurrent.futures as cf
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -85,11 +84,8 @@ def parse_args(argv):
             if key == "ratios":
                 v = [r for r in v.split(",") if r]
                 for r in v:
-                    try:
-                        ok = 0.0 < float(r) <= 1.0
-                    except ValueError:
-                        ok = False
-                    if not ok:
+                    x = as_number(r)
+                    if x is None or not 0.0 < x <= 1.0:
                         fail(f"--ratios: '{r}' is not a ratio in (0, 1]")
             elif key in ("iterations", "jobs"):
                 if not v.isdigit() or int(v) < 1:
@@ -137,10 +133,10 @@ def stem(trace):
     return os.path.splitext(os.path.basename(trace))[0].split("-")[0]
 
 
-def as_ratio(cell):
-    """A table header cell as a ratio, or None."""
+def as_number(text):
+    """`text` as a number (a ratio, a figure, a bandwidth), or None."""
     try:
-        return float(cell)
+        return float(text)
     except ValueError:
         return None
 
@@ -157,17 +153,13 @@ def readme_figures(trace, ratios):
         if not cells:
             header = None
             continue
-        if cells[0] == "trace" and any(as_ratio(c) in map(float, ratios) for c in cells):
-            header = [as_ratio(c) for c in cells]
+        if cells[0] == "trace" and any(as_number(c) in map(float, ratios) for c in cells):
+            header = [as_number(c) for c in cells]
         elif header and cells[0].strip("`") == stem(trace) and len(cells) == len(header):
             out = {}
             for r in ratios:
                 if float(r) in header:
-                    v = cells[header.index(float(r))]
-                    try:
-                        out[r] = float(v)
-                    except ValueError:
-                        out[r] = None
+                    out[r] = as_number(cells[header.index(float(r))])
             return out
     return {}
 
@@ -182,10 +174,8 @@ def swap_on(extra):
         elif a.startswith("--swap-bandwidth="):
             v = a.split("=", 1)[1]
         if v is not None:
-            try:
-                return float(v) > 0
-            except ValueError:
-                return False  # `remat replay` rejects it with a typed error
+            # Not a number: `remat replay` rejects it with a typed error.
+            return (as_number(v) or 0.0) > 0
     return False
 
 
