@@ -26,6 +26,7 @@
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
 //! | `online_hold_first` | `on`/`off`: an online step's regenerations hold their resident targets whose lineage is gone before replaying anything, as the planner's simulations always do (see [`DtrConfig::online_hold_first`]) | `off` |
+//! | `ordered_regen` | `on`/`off`: a regeneration that runs away replays what is left of its region once, in creation order, where that pass fits the budget, instead of keeping what it regenerates (see [`DtrConfig::ordered_regen`]) | `on` |
 //! | `keep_read_again` | `on`/`off`: a regeneration the thrash rescue makes keep what it regenerates holds only what it reads again (see [`DtrConfig::keep_read_again`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
@@ -320,8 +321,22 @@ pub struct DtrConfig {
     /// releases are lineage the *next* regeneration replays again, which no
     /// count inside one regeneration sees. Off by default
     /// (docs/dtr-results.md, *A kept regeneration that holds only what it
-    /// reads again*).
+    /// reads again*). With [`DtrConfig::ordered_regen`] (the default) only
+    /// a runaway regeneration whose ordered pass does not fit keeps at all;
+    /// the figures above are from before it.
     pub keep_read_again: bool,
+    /// A regeneration that runs away (the moment the thrash rescue would
+    /// make it keep what it regenerates, [`DtrConfig::keep_read_again`])
+    /// first tests whether one pass over what is left of its evicted region,
+    /// its ops in creation order and each value held to its last read in
+    /// the region, fits beside what cannot be evicted; where it does, the
+    /// region's values with reads left are reserved against eviction and
+    /// each op runs once (the runtime's `replay_region_in_order`, in
+    /// `runtime/regen_order.rs`, says why this bounds it on any graph).
+    /// Where it does not fit, the regeneration keeps as before. On by
+    /// default (docs/dtr-results.md, *An ordered pass where the region
+    /// fits*).
+    pub ordered_regen: bool,
     /// At each iteration boundary, a physical (caching-allocator) budget
     /// gives its cached free segments back to the device, as
     /// `torch.cuda.empty_cache()` does; live blocks stay where they are. An
@@ -373,6 +388,7 @@ impl Default for DtrConfig {
             request_stamp: false,
             online_hold_first: false,
             keep_read_again: false,
+            ordered_regen: true,
             release_at_boundary: true,
             plan_moves: true,
         }
@@ -539,6 +555,14 @@ impl DtrConfig {
         self
     }
 
+    /// Replay a runaway regeneration's region once in order where it fits,
+    /// or keep what it regenerates as before (see
+    /// [`DtrConfig::ordered_regen`]).
+    pub fn with_ordered_regen(mut self, on: bool) -> Self {
+        self.ordered_regen = on;
+        self
+    }
+
     /// Give a caching-allocator budget's cached segments back at each
     /// iteration boundary, or keep them (see [`DtrConfig::release_at_boundary`]).
     pub fn with_release_at_boundary(mut self, on: bool) -> Self {
@@ -583,6 +607,7 @@ impl DtrConfig {
         "request_stamp",
         "online_hold_first",
         "keep_read_again",
+        "ordered_regen",
         "release_at_boundary",
         "plan_moves",
         "megengine_cost",
@@ -628,6 +653,7 @@ impl DtrConfig {
                 "request_stamp" => c.request_stamp = parse_switch(key, value)?,
                 "online_hold_first" => c.online_hold_first = parse_switch(key, value)?,
                 "keep_read_again" => c.keep_read_again = parse_switch(key, value)?,
+                "ordered_regen" => c.ordered_regen = parse_switch(key, value)?,
                 "release_at_boundary" => c.release_at_boundary = parse_switch(key, value)?,
                 "plan_moves" => c.plan_moves = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
@@ -806,7 +832,7 @@ mod tests {
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
              thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
              online_hold_first:on,keep_read_again:on,release_at_boundary:off,copy_ahead:off,\
-             plan_moves:off",
+             plan_moves:off,ordered_regen:off",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -824,6 +850,7 @@ mod tests {
         assert!(c.request_stamp && !DtrConfig::default().request_stamp);
         assert!(c.online_hold_first && !DtrConfig::default().online_hold_first);
         assert!(c.keep_read_again && !DtrConfig::default().keep_read_again);
+        assert!(!c.ordered_regen && DtrConfig::default().ordered_regen);
         assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
         assert!(!c.plan_moves && DtrConfig::default().plan_moves);
         assert!(!c.swap.copy_ahead && DtrConfig::default().swap.copy_ahead);

@@ -1090,13 +1090,14 @@ fn replay_as_the_cli(
 
 /// With `keep_read_again`, a regeneration that makes its step lose keeps
 /// only what it reads again. T5-small at 0.4 of its peak (a PyTorch-logged
-/// trace): the first step's losing regenerations replay the forward for
-/// gradients read late. Kept whole to their end (the default), every
-/// replayed activation stays held though nothing in the regeneration reads
-/// it again, and its room pushes the step's live gradients out, each then
-/// regenerated in turn: 4.84× (past the goal of 3× at 0.4). Kept while read
-/// again, the first step costs 2.53×; the steps after it follow the same
-/// plan either way.
+/// trace), without the ordered pass (`ordered_regen:off`, which otherwise
+/// takes these regenerations first): the first step's losing regenerations
+/// replay the forward for gradients read late. Kept whole to their end,
+/// every replayed activation stays held though nothing in the regeneration
+/// reads it again, and its room pushes the step's live gradients out, each
+/// then regenerated in turn: 4.84× (past the goal of 3× at 0.4). Kept while
+/// read again, the first step costs 2.53×; the steps after it follow the
+/// same plan either way.
 #[test]
 fn a_kept_regeneration_can_hold_only_what_it_reads_again() {
     use remat_dtr::replay::ReplayStatus;
@@ -1111,7 +1112,9 @@ fn a_kept_regeneration_can_hold_only_what_it_reads_again() {
         replay_as_the_cli(
             &trace,
             0.4,
-            DtrConfig::default().with_keep_read_again(keep_read_again),
+            DtrConfig::default()
+                .with_ordered_regen(false)
+                .with_keep_read_again(keep_read_again),
             2,
         )
     };
@@ -1124,6 +1127,43 @@ fn a_kept_regeneration_can_hold_only_what_it_reads_again() {
     let (all, read_again) = (&all.iterations[0], &read_again.iterations[0]);
     assert!(read_again.overhead < 3.0, "{read_again:?}");
     assert!(read_again.overhead < all.overhead, "{read_again:?} {all:?}");
+}
+
+/// A regeneration that runs away replays what is left of its region once,
+/// in order, where that pass fits (the default, `ordered_regen`). GPT-2 at
+/// 0.5 of its peak (a PyTorch-logged trace): the first step's runaway
+/// regeneration has 64 storages left to make when it starts to lose, one
+/// pass of a few ms whose values peak far below the budget. Kept to its end
+/// instead (`ordered_regen:off`), the work list replays it over and over
+/// while its kept values push the step's own out: 3.83×, past the goal of
+/// 3× at 0.5; ordered, 2.55×. The steps after it follow the same plan.
+#[test]
+fn a_runaway_regeneration_replays_its_region_once_where_it_fits() {
+    use remat_dtr::replay::ReplayStatus;
+    let Some(path) = remat_trace::require_torch_trace(
+        "a_runaway_regeneration_replays_its_region_once_where_it_fits",
+        "gpt2",
+    ) else {
+        return;
+    };
+    let trace = remat_trace::Trace::load(&path).unwrap();
+    let run = |ordered: bool| {
+        replay_as_the_cli(
+            &trace,
+            0.5,
+            DtrConfig::default().with_ordered_regen(ordered),
+            2,
+        )
+    };
+    let (kept, ordered) = (run(false), run(true));
+    for r in [&kept, &ordered] {
+        assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
+        assert!(r.iterations[0].rescued, "{:?}", r.iterations);
+        assert!(r.iterations[1].planned, "{:?}", r.iterations);
+    }
+    let (kept, ordered) = (&kept.iterations[0], &ordered.iterations[0]);
+    assert!(ordered.overhead < 3.0, "{ordered:?}");
+    assert!(ordered.overhead < kept.overhead, "{ordered:?} {kept:?}");
 }
 
 /// Where no plan placed without moves fits, a plan moves blocks, and a

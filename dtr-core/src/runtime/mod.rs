@@ -28,6 +28,7 @@ mod invariants;
 mod iteration;
 mod mutate;
 mod regen;
+mod regen_order;
 mod swap;
 
 use crate::config::{BudgetMode, DtrConfig};
@@ -88,6 +89,11 @@ enum Keeping {
     Armed(f64),
     /// Keeping, until it ends or nothing else can make room.
     On,
+    /// Keeping until the work list's current frame is done, then trying
+    /// the ordered pass over what is left of its region
+    /// (`Runtime::replay_region_in_order`); keeping goes on where it does
+    /// not fit.
+    Due,
 }
 
 /// The DTR runtime over values of type `V` (a storage handle of the adapter: a

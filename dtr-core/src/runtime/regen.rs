@@ -132,18 +132,21 @@ impl<V> Runtime<V> {
     /// `docs/dtr-results.md`, session 34.
     fn keep_regenerated(&mut self) -> bool {
         let Keeping::Armed(start) = self.keeping else {
-            return self.keeping == Keeping::On;
+            return matches!(self.keeping, Keeping::On | Keeping::Due);
         };
         if !self.may_rescue() {
             self.keeping = Keeping::Off;
         } else if self.losing_since(start) {
-            self.keeping = Keeping::On;
+            self.keeping = match self.config.ordered_regen {
+                true => Keeping::Due,
+                false => Keeping::On,
+            };
             self.stats.kept_regenerations += 1;
             if self.config.keep_read_again {
                 self.count_region_reads();
             }
         }
-        self.keeping == Keeping::On
+        matches!(self.keeping, Keeping::On | Keeping::Due)
     }
 
     /// Count the reads still to come in the running regeneration: one per
@@ -195,6 +198,9 @@ impl<V> Runtime<V> {
                         target,
                         asked_at,
                     } => self.run(op, target, asked_at)?,
+                }
+                if self.keeping == Keeping::Due && !self.replay_region_in_order(targets)? {
+                    self.keeping = Keeping::On;
                 }
             }
             // A target finished early may have been evicted while parked.
@@ -390,16 +396,7 @@ impl<V> Runtime<V> {
                 }
                 return Ok(());
             }
-            // The inputs of the op being replayed are not parked: an extra pin
-            // (not a hold) keeps `evict_parked` off them while outputs are placed.
-            for &i in &unique {
-                self.graph.st_mut(i).pins += 1;
-            }
-            let result = self.rematerialize(op);
-            for &i in &unique {
-                self.graph.st_mut(i).pins -= 1;
-            }
-            result?;
+            self.rematerialize_pinned(op, &unique)?;
         }
         let stamp = if self.config.request_stamp {
             asked_at
@@ -439,6 +436,20 @@ impl<V> Runtime<V> {
         }
         self.take_hold(target);
         Ok(())
+    }
+
+    /// [`Runtime::rematerialize`] with an extra pin (not a hold) on each of
+    /// `unique`, the op's inputs: they are not parked, so `evict_parked`
+    /// stays off them while the outputs are placed.
+    pub(super) fn rematerialize_pinned(&mut self, op: OpId, unique: &[StorageId]) -> Result<()> {
+        for &i in unique {
+            self.graph.st_mut(i).pins += 1;
+        }
+        let result = self.rematerialize(op);
+        for &i in unique {
+            self.graph.st_mut(i).pins -= 1;
+        }
+        result
     }
 
     /// Replay `op` (inputs held) and fill its non-resident outputs.
