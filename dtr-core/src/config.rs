@@ -26,7 +26,7 @@
 //! | `online_arena` | `on`/`off`: under a physical budget, an iteration that runs online places its storages in a compacting arena of the budget from its first op, so only live bytes count (see [`DtrConfig::online_arena`]) | `off` |
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
 //! | `online_hold_first` | `on`/`off`: an online step's regenerations hold their resident targets whose lineage is gone before replaying anything, as the planner's simulations always do (see [`DtrConfig::online_hold_first`]) | `off` |
-//! | `ordered_regen` | `on`/`off`: a regeneration that runs away replays what is left of its region once, in creation order, where that pass fits the budget, instead of keeping what it regenerates (see [`DtrConfig::ordered_regen`]) | `on` |
+//! | `ordered_regen` | `on`/`off`: a regeneration that runs away, and every regeneration of a losing online step, replays what is left of its region once, in a topological order, where that pass fits the budget, instead of keeping what it regenerates or replaying it op by op (see [`DtrConfig::ordered_regen`]) | `on` |
 //! | `keep_read_again` | `on`/`off`: a regeneration the thrash rescue makes keep what it regenerates holds only what it reads again (see [`DtrConfig::keep_read_again`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
@@ -326,8 +326,10 @@ pub struct DtrConfig {
     /// the figures above are from before it.
     pub keep_read_again: bool,
     /// A regeneration that runs away (the moment the thrash rescue would
-    /// make it keep what it regenerates, [`DtrConfig::keep_read_again`])
-    /// first tests whether one pass over what is left of its evicted region,
+    /// make it keep what it regenerates, [`DtrConfig::keep_read_again`]),
+    /// and every regeneration of an online step that is already losing
+    /// (where the thrash rescue switches policy), first tests whether one
+    /// pass over what is left of its evicted region,
     /// its ops in creation order and each value held to its last read in
     /// the region, fits beside what cannot be evicted; where it does, the
     /// region's values with reads left are reserved against eviction and

@@ -1166,6 +1166,33 @@ fn a_runaway_regeneration_replays_its_region_once_where_it_fits() {
     assert!(ordered.overhead < kept.overhead, "{ordered:?} {kept:?}");
 }
 
+/// In an online step that is already losing, every regeneration replays
+/// what is left of its region once, in order, where that fits, before its
+/// first replay. treelstm at 0.2 of its peak (reference: the DTR authors'
+/// simulator, 1.530): its backward makes a dozen regenerations of 1 000–2 400
+/// storages sharing most of their regions, each replayed op by op pushing
+/// out what the next needs, and its first step passed 20× (with the pass
+/// only for runaways too). With it, the first step finishes and the second
+/// follows a plan below the reference.
+#[test]
+fn a_losing_step_replays_each_region_once_and_treelstm_finishes_at_0_2() {
+    use remat_dtr::replay::ReplayStatus;
+    use remat_trace::require_traces;
+    if require_traces("a_losing_step_replays_each_region_once_and_treelstm_finishes_at_0_2")
+        .is_none()
+    {
+        return;
+    }
+    let path = remat_trace::find_trace("treelstm").expect("treelstm");
+    let trace = remat_trace::Trace::load(&path).unwrap();
+    let r = replay_as_the_cli(&trace, 0.2, DtrConfig::default(), 2);
+    assert_eq!(r.status, ReplayStatus::Ok, "{:?}", r.iterations);
+    let (first, second) = (&r.iterations[0], &r.iterations[1]);
+    assert!(first.rescued && first.overhead < 20.0, "{first:?}");
+    assert!(second.planned && second.divergences == 0, "{second:?}");
+    assert!(second.overhead < 1.530, "{second:?}");
+}
+
 /// Where no plan placed without moves fits, a plan moves blocks, and a
 /// boundary without a plan says why. MobileNetV3 at 25 % of its peak,
 /// physical budget: its `threshold_backward` holds 1.85 of the 2.14 GB, the

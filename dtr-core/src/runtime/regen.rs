@@ -189,6 +189,19 @@ impl<V> Runtime<V> {
                 self.frames.push(Frame::Need(t));
             }
         }
+        // In an online step already losing (past 2×, where the policy
+        // switches to MSPS), every regeneration tries the ordered pass
+        // before its first replay; elsewhere only one that runs away does
+        // (`Keeping::Due`). Where it does not fit, nothing changed.
+        if self.config.ordered_regen
+            && self.may_rescue()
+            && self.losing()
+            && targets
+                .iter()
+                .any(|&t| self.graph.st(t).residency == Residency::Evicted)
+        {
+            self.replay_region_in_order(targets)?;
+        }
         loop {
             while let Some(frame) = self.frames.pop() {
                 match frame {

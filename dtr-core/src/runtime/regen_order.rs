@@ -13,7 +13,10 @@
 //! program's own live storages out.
 //!
 //! When a regeneration starts to run away (its replays pass the step's
-//! first computations, the moment it would start keeping), this pass takes
+//! first computations, the moment it would start keeping), and at the start
+//! of every regeneration once the online step itself is losing (its
+//! replays past its computations, where the policy switches to MSPS: the
+//! repeats are then across regenerations too), this pass takes
 //! the evicted region still needed for its targets and tests, before
 //! replaying anything, whether one pass fits: what stays pinned once the
 //! work list's own holds are dropped, plus the most bytes the region's
@@ -54,7 +57,8 @@ struct Region {
 
 impl<V> Runtime<V> {
     /// The ordered pass, due since the running regeneration began to run
-    /// away ([`Keeping::Due`]). `Ok(false)` when what is left of its region
+    /// away ([`Keeping::Due`]), or before its first replay in a losing
+    /// online step. `Ok(false)` when what is left of its region
     /// cannot be replayed in order (a stale or external storage in it: the
     /// work list names it) or the pass does not fit: nothing changed, and
     /// the caller keeps. Otherwise the work list is restarted: its frames

@@ -105,7 +105,7 @@ impl<V> Runtime<V> {
 
     /// Whether this iteration's replays have cost more than its first
     /// computations so far: past 2×, failing by the replayer's measure.
-    pub(super) fn losing(&self) -> bool {
+    pub(in crate::runtime) fn losing(&self) -> bool {
         self.losing_since(self.iter.start_stats.remat_ns)
     }
 
