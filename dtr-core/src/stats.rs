@@ -79,9 +79,10 @@ pub struct RuntimeStats {
     /// because their own replays passed the iteration's computations (see
     /// `Runtime::keep_regenerated`).
     pub kept_regenerations: u64,
-    /// Of [`RuntimeStats::kept_regenerations`]: regenerations that replayed
-    /// what was left of their region once, in creation order, because that
-    /// pass fit the budget ([`crate::DtrConfig::ordered_regen`]).
+    /// Regenerations that replayed what was left of their region once, in a
+    /// topological order, because that pass fit the budget: ones that ran
+    /// away (also counted in [`RuntimeStats::kept_regenerations`]) and ones
+    /// of an online step already losing ([`crate::DtrConfig::ordered_regen`]).
     pub ordered_regenerations: u64,
     /// Switches from the caching-allocator model to a compacting arena because
     /// no eviction could place an allocation whose working set fits the budget

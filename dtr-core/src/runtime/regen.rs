@@ -11,7 +11,10 @@
 //! replays pass the iteration's first computations keeps the inputs it
 //! releases held instead, until it ends or memory runs out (with
 //! `keep_read_again`, only while it reads them again;
-//! [`Runtime::keep_regenerated`]).
+//! [`Runtime::keep_regenerated`]), unless one ordered pass over what is left
+//! of its region fits the budget: then that pass replays it, each op once
+//! (`regen_order`, tried too before the first replay of every regeneration
+//! of an online step already losing).
 
 use std::sync::Arc;
 

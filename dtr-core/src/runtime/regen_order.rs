@@ -61,7 +61,7 @@ impl<V> Runtime<V> {
     /// online step. `Ok(false)` when what is left of its region
     /// cannot be replayed in order (a stale or external storage in it: the
     /// work list names it) or the pass does not fit: nothing changed, and
-    /// the caller keeps. Otherwise the work list is restarted: its frames
+    /// the caller goes on (a runaway keeps). Otherwise the work list is restarted: its frames
     /// and holds are dropped (every op they wait for is in the region), the
     /// region is replayed in order, and a `Need` frame per target is pushed,
     /// which finds it resident. A pass that stops early (a caching
@@ -75,7 +75,9 @@ impl<V> Runtime<V> {
             return Ok(false);
         };
         // What stays pinned once the work list's holds are dropped.
-        let fixed = self.stats.live_bytes - self.graph.candidate_bytes - self.held_only_bytes();
+        let fixed = (self.stats.live_bytes)
+            .saturating_sub(self.graph.candidate_bytes)
+            .saturating_sub(self.held_only_bytes());
         let (peak, order) = [
             self.region_creation_order(&region),
             self.depth_first_order(targets, &region, false),
