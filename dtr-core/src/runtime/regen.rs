@@ -159,24 +159,9 @@ impl<V> Runtime<V> {
     /// `counted` until each runs. Called once, when keeping starts; the walk
     /// visits each evicted ancestor once.
     fn count_region_reads(&mut self) {
-        let mut work: Vec<StorageId> = (self.regen_targets.iter().copied())
-            .filter(|&t| self.graph.st(t).residency == Residency::Evicted)
-            .collect();
-        let mut seen: ahash::AHashSet<StorageId> = work.iter().copied().collect();
-        while let Some(e) = work.pop() {
-            let Some(op) = self.graph.st(e).producer else {
-                continue;
-            };
-            if !self.counted.insert(op) {
-                continue;
-            }
-            for &i in &self.graph.ops[op.0].unique_inputs {
-                *self.reads_to_come.entry(i).or_insert(0) += 1;
-                if self.graph.st(i).residency == Residency::Evicted && seen.insert(i) {
-                    work.push(i);
-                }
-            }
-        }
+        let targets = std::mem::take(&mut self.regen_targets);
+        (self.counted, self.reads_to_come, _) = self.evicted_region(&targets);
+        self.regen_targets = targets;
     }
 
     fn hold_loop(&mut self, targets: &[StorageId]) -> Result<()> {

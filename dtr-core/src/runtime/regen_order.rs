@@ -120,18 +120,39 @@ impl<V> Runtime<V> {
     /// `None` when one of them cannot be replayed (stale, external): the work
     /// list then names it with its typed error.
     fn region_left(&self, targets: &[StorageId]) -> Option<Region> {
+        let (ops, mut reads, replayable) = self.evicted_region(targets);
+        if !replayable {
+            return None;
+        }
+        for &t in targets {
+            *reads.entry(t).or_insert(0) += 1;
+        }
+        Some(Region { ops, reads })
+    }
+
+    /// The walk behind [`Runtime::region_left`] and `count_region_reads`:
+    /// the producers of `targets`' evicted ancestors, each visited once, the
+    /// reads their unique inputs get from them, and whether every evicted
+    /// storage on the way can be replayed in this iteration (recomputable,
+    /// not stale).
+    pub(super) fn evicted_region(
+        &self,
+        targets: &[StorageId],
+    ) -> (AHashSet<OpId>, AHashMap<StorageId, u32>, bool) {
         let mut work: Vec<StorageId> = (targets.iter().copied())
             .filter(|&t| self.graph.st(t).residency == Residency::Evicted)
             .collect();
         let mut seen: AHashSet<StorageId> = work.iter().copied().collect();
         let mut ops: AHashSet<OpId> = AHashSet::new();
         let mut reads: AHashMap<StorageId, u32> = AHashMap::new();
+        let mut replayable = true;
         while let Some(e) = work.pop() {
             let r = self.graph.st(e);
-            if r.epoch < self.iter.epoch || !r.recomputable {
-                return None;
-            }
-            let op = r.producer?;
+            replayable &= r.epoch >= self.iter.epoch && r.recomputable;
+            let Some(op) = r.producer else {
+                replayable = false;
+                continue;
+            };
             if !ops.insert(op) {
                 continue;
             }
@@ -142,10 +163,7 @@ impl<V> Runtime<V> {
                 }
             }
         }
-        for &t in targets {
-            *reads.entry(t).or_insert(0) += 1;
-        }
-        Some(Region { ops, reads })
+        (ops, reads, replayable)
     }
 
     /// The region's ops in creation order (by their first output's
