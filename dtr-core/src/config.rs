@@ -27,6 +27,7 @@
 //! | `request_stamp` | `on`/`off`: a regeneration stamps the storages it reads as used when it was asked for, not after its replays ran (see [`DtrConfig::request_stamp`]) | `off` |
 //! | `online_hold_first` | `on`/`off`: an online step's regenerations hold their resident targets whose lineage is gone before replaying anything, as the planner's simulations always do (see [`DtrConfig::online_hold_first`]) | `off` |
 //! | `ordered_regen` | `on`/`off`: a regeneration that runs away, and every regeneration of a losing online step, replays what is left of its region once, in a topological order, where that pass fits the budget, instead of keeping what it regenerates or replaying it op by op (see [`DtrConfig::ordered_regen`]) | `on` |
+//! | `ordered_recompute` | `on`/`off`: where the ordered pass over a region does not fit the budget, recompute values inside the pass (each drop one more replay of one op, at most as many drops as the region has ops) until it fits; otherwise the regeneration keeps as before (see [`DtrConfig::ordered_recompute`]) | `off` |
 //! | `keep_read_again` | `on`/`off`: a regeneration the thrash rescue makes keep what it regenerates holds only what it reads again (see [`DtrConfig::keep_read_again`]) | `off` |
 //! | `move_bandwidth` | GB/s of device memory, > 0, or `none`: what a defragmenting arena's moves cost in the time model (a move of B bytes reads and writes them: 2·B / bandwidth); `none` charges nothing, right where the arena is a placement model and nothing real moves (the adapters) | `none` |
 //! | `megengine_cost`, `megengine_memory`, `megengine_staleness`, `megengine_recompute` | exponents / base of MegEngine's score | 1, 1, 1, 1.0001 |
@@ -339,6 +340,19 @@ pub struct DtrConfig {
     /// default (docs/dtr-results.md, *An ordered pass where the region
     /// fits*).
     pub ordered_regen: bool,
+    /// Where the ordered pass ([`DtrConfig::ordered_regen`]) does not fit
+    /// the budget, drop values inside it and make each again, by one more
+    /// replay of its op, before its next read, choosing the drops that
+    /// lower the bytes over the budget the most per ns replayed, until the
+    /// pass fits (at most as many drops as the region has ops, so the pass
+    /// runs at most twice as many ops); where no drops make it fit, the
+    /// regeneration keeps as before. Off by default: on the ten shared
+    /// traces it lowers ResNet-50's first step at 0.3 from 19.8× to 12.3×
+    /// and finishes it at 0.25 (18.3×), and on a held-out ResNeXt-50 it
+    /// raises the first step at 0.3 from 4.57× to 5.42× and no longer
+    /// finishes it at 0.25 (docs/dtr-results.md, *Recomputing inside a
+    /// region that does not fit*).
+    pub ordered_recompute: bool,
     /// At each iteration boundary, a physical (caching-allocator) budget
     /// gives its cached free segments back to the device, as
     /// `torch.cuda.empty_cache()` does; live blocks stay where they are. An
@@ -391,6 +405,7 @@ impl Default for DtrConfig {
             online_hold_first: false,
             keep_read_again: false,
             ordered_regen: true,
+            ordered_recompute: false,
             release_at_boundary: true,
             plan_moves: true,
         }
@@ -565,6 +580,13 @@ impl DtrConfig {
         self
     }
 
+    /// Recompute inside an ordered pass that does not fit, or keep as before
+    /// (see [`DtrConfig::ordered_recompute`]).
+    pub fn with_ordered_recompute(mut self, on: bool) -> Self {
+        self.ordered_recompute = on;
+        self
+    }
+
     /// Give a caching-allocator budget's cached segments back at each
     /// iteration boundary, or keep them (see [`DtrConfig::release_at_boundary`]).
     pub fn with_release_at_boundary(mut self, on: bool) -> Self {
@@ -610,6 +632,7 @@ impl DtrConfig {
         "online_hold_first",
         "keep_read_again",
         "ordered_regen",
+        "ordered_recompute",
         "release_at_boundary",
         "plan_moves",
         "megengine_cost",
@@ -656,6 +679,7 @@ impl DtrConfig {
                 "online_hold_first" => c.online_hold_first = parse_switch(key, value)?,
                 "keep_read_again" => c.keep_read_again = parse_switch(key, value)?,
                 "ordered_regen" => c.ordered_regen = parse_switch(key, value)?,
+                "ordered_recompute" => c.ordered_recompute = parse_switch(key, value)?,
                 "release_at_boundary" => c.release_at_boundary = parse_switch(key, value)?,
                 "plan_moves" => c.plan_moves = parse_switch(key, value)?,
                 "swap" => c.swap.enabled = parse_switch(key, value)?,
@@ -834,7 +858,7 @@ mod tests {
              min_evictee_bytes:1KiB,threshold:1.5GB,seed:7,megengine_recompute:1.5,\
              thrash_rescue:off,plan_restarts:0,online_arena:on,request_stamp:on,\
              online_hold_first:on,keep_read_again:on,release_at_boundary:off,copy_ahead:off,\
-             plan_moves:off,ordered_regen:off",
+             plan_moves:off,ordered_regen:off,ordered_recompute:on",
         )
         .unwrap();
         assert_eq!(c.budget, Some(2 << 30));
@@ -853,6 +877,7 @@ mod tests {
         assert!(c.online_hold_first && !DtrConfig::default().online_hold_first);
         assert!(c.keep_read_again && !DtrConfig::default().keep_read_again);
         assert!(!c.ordered_regen && DtrConfig::default().ordered_regen);
+        assert!(c.ordered_recompute && !DtrConfig::default().ordered_recompute);
         assert!(!c.release_at_boundary && DtrConfig::default().release_at_boundary);
         assert!(!c.plan_moves && DtrConfig::default().plan_moves);
         assert!(!c.swap.copy_ahead && DtrConfig::default().swap.copy_ahead);

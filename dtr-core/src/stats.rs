@@ -84,6 +84,10 @@ pub struct RuntimeStats {
     /// away (also counted in [`RuntimeStats::kept_regenerations`]) and ones
     /// of an online step already losing ([`crate::DtrConfig::ordered_regen`]).
     pub ordered_regenerations: u64,
+    /// Ops an ordered pass replayed again to make a value it had dropped
+    /// inside the pass ([`crate::DtrConfig::ordered_recompute`]); each is
+    /// also a rematerialization.
+    pub ordered_recomputes: u64,
     /// Switches from the caching-allocator model to a compacting arena because
     /// no eviction could place an allocation whose working set fits the budget
     /// (segments larger than the budget, or pinned blocks scattered over

@@ -29,7 +29,14 @@
 //! the policy's and the parked eviction's reach) and the ops run in that
 //! order, each once: the regeneration costs one pass over its region,
 //! whatever the policy does. Where it does not fit, the regeneration keeps
-//! what it regenerates, as before.
+//! what it regenerates, as before, unless `ordered_recompute` is on (off by
+//! default): then values are dropped inside the pass and made again by one
+//! more replay of their op just before their next read, chosen greedily by
+//! the bytes over the budget each drop removes per ns it replays, until the
+//! pass fits or no drop helps ([`Runtime::fit_pass`]). At most as many
+//! drops as the region has ops, so such a pass runs at most twice as many
+//! ops as its region; its peak is computed exactly like the plain pass's,
+//! for the pass with its drops.
 //!
 //! Why this holds on graphs it was not measured on: each order is
 //! topological, so every input is resident when its op runs; reserved
@@ -50,9 +57,43 @@ use crate::ids::{OpId, StorageId};
 struct Region {
     /// Ops whose evicted outputs are needed.
     ops: AHashSet<OpId>,
-    /// Reads still to come by storage: one per unique input of each op in
-    /// `ops`, and one per target (held when the regeneration returns).
-    reads: AHashMap<StorageId, u32>,
+}
+
+/// One pass over a region, as it runs.
+struct Pass {
+    /// Its entries in order: an op, and `true` where it runs again to make
+    /// a value the pass dropped (its only output) before that value's next
+    /// read.
+    ops: Vec<(OpId, bool)>,
+    /// The resident values it reads: reserved from the start.
+    start: Vec<StorageId>,
+    /// After each entry: the values it made that are read before they are
+    /// made again (reserved until then).
+    keep: Vec<Vec<StorageId>>,
+    /// After each entry: the values it read for the last time before they
+    /// are made again, or at all (released).
+    release: Vec<Vec<StorageId>>,
+    /// Bytes the pass holds at each position (0: the start; `i + 1`: while
+    /// entry `i` runs; the last: after the end), beyond what stays pinned.
+    live: Vec<u64>,
+    /// The most of `live`.
+    peak: u64,
+    /// Bytes the pass holds both at position `q` and at `q + 1` (the values
+    /// an entry inserted between them finds resident).
+    across: Vec<u64>,
+    /// Each value's intervals in order: where it became resident, where it
+    /// was last held (positions), and its bytes if they are the pass's.
+    spans: AHashMap<StorageId, Vec<(usize, usize, u64)>>,
+    /// Each value made by an entry and read later: the entry, and the
+    /// entries that read it before it is made again (`ops.len()`: a target,
+    /// read at the end).
+    made: Vec<Interval>,
+}
+
+/// A value made by one entry of a pass, and its reads until it is made again.
+struct Interval {
+    made_at: usize,
+    reads: Vec<usize>,
 }
 
 impl<V> Runtime<V> {
@@ -78,21 +119,30 @@ impl<V> Runtime<V> {
         let fixed = (self.stats.live_bytes)
             .saturating_sub(self.graph.candidate_bytes)
             .saturating_sub(self.held_only_bytes());
-        let (peak, order) = [
+        let Some(pass) = [
             self.region_creation_order(&region),
             self.depth_first_order(targets, &region, false),
             self.depth_first_order(targets, &region, true),
         ]
         .into_iter()
-        .map(|order| (self.pass_peak(&order, &region.reads), order))
-        .min_by_key(|(peak, _)| *peak)
-        .unwrap_or_default();
-        if fixed + peak > capacity {
+        .filter_map(|order| {
+            let ops = order.into_iter().map(|op| (op, false)).collect();
+            self.analyse_pass(ops, targets)
+        })
+        .min_by_key(|pass| pass.peak) else {
             return Ok(false);
-        }
+        };
+        let avail = capacity.saturating_sub(fixed);
+        let pass = match pass.peak <= avail || self.config.ordered_recompute {
+            true => self.fit_pass(pass, targets, avail),
+            false => None,
+        };
+        let Some(pass) = pass else {
+            return Ok(false);
+        };
         self.drop_work_list();
         let mut reserved: Vec<StorageId> = Vec::new();
-        let result = self.run_region(&order, region.reads, &mut reserved);
+        let result = self.run_region(&pass, &mut reserved);
         match result {
             Ok(true) => {
                 self.stats.ordered_regenerations += 1;
@@ -120,14 +170,8 @@ impl<V> Runtime<V> {
     /// `None` when one of them cannot be replayed (stale, external): the work
     /// list then names it with its typed error.
     fn region_left(&self, targets: &[StorageId]) -> Option<Region> {
-        let (ops, mut reads, replayable) = self.evicted_region(targets);
-        if !replayable {
-            return None;
-        }
-        for &t in targets {
-            *reads.entry(t).or_insert(0) += 1;
-        }
-        Some(Region { ops, reads })
+        let (ops, _, replayable) = self.evicted_region(targets);
+        replayable.then_some(Region { ops })
     }
 
     /// The walk behind [`Runtime::region_left`] and `count_region_reads`:
@@ -242,119 +286,375 @@ impl<V> Runtime<V> {
             .sum()
     }
 
-    /// The most bytes the region's values hold at once when its ops run in
-    /// `order`: the resident ones it reads that nothing else pins
-    /// (reserved from the start), plus each value it makes resident
-    /// (replayed outputs, swapped inputs copied back), each until its last
-    /// read in the region; an output no op of it reads counts only while
-    /// its op runs.
-    fn pass_peak(&self, order: &[OpId], reads: &AHashMap<StorageId, u32>) -> u64 {
-        let mut reads = reads.clone();
-        let mut counted: AHashSet<StorageId> = AHashSet::new();
-        let mut live = 0u64;
-        for (&s, _) in reads.iter() {
-            let r = self.graph.st(s);
-            // A candidate, or held by the work list only: not in `fixed`.
-            if r.is_resident() && (r.cand_pos != NONE || (r.holds > 0 && r.pins == r.holds)) {
-                counted.insert(s);
-                live += r.bytes;
-            }
+    /// The pass that runs `ops` in order, or `None` where an entry reads a
+    /// value no earlier entry makes (not a topological order). The bytes it
+    /// holds are the resident values it reads that nothing else pins
+    /// (reserved from the start), plus each value it makes resident (replayed
+    /// outputs, swapped inputs copied back), each until its last read before
+    /// it is made again (or at all); an output nothing reads counts only
+    /// while its op runs. The targets are read at the end.
+    fn analyse_pass(&self, ops: Vec<(OpId, bool)>, targets: &[StorageId]) -> Option<Pass> {
+        /// A value's current interval: how it became resident, the
+        /// position it did (0: the start; `i + 1`: entry `i`), the entries
+        /// that read it since, and whether its bytes are the pass's.
+        struct Open {
+            made: bool,
+            swapped: bool,
+            at: usize,
+            reads: Vec<usize>,
+            counted: bool,
         }
-        let mut peak = live;
-        for &op in order {
+        let n = ops.len();
+        let mut pass = Pass {
+            start: Vec::new(),
+            keep: vec![Vec::new(); n],
+            release: vec![Vec::new(); n],
+            live: Vec::new(),
+            peak: 0,
+            across: Vec::new(),
+            spans: AHashMap::new(),
+            made: Vec::new(),
+            ops,
+        };
+        // Bytes by position: +bytes where an interval starts, -bytes one
+        // past where it ends (positions 0 ..= n + 1; n + 1: after the end).
+        let mut delta = vec![0i64; n + 3];
+        let mut delta_across = vec![0i64; n + 3];
+        let mut close = |pass: &mut Pass, s: StorageId, o: Open| {
+            let end = o.reads.last().map_or(o.at, |&r| r + 1);
+            let bytes = if o.counted { self.graph.st(s).bytes } else { 0 };
+            delta[o.at] += bytes as i64;
+            delta[end + 1] -= bytes as i64;
+            delta_across[o.at] += bytes as i64;
+            delta_across[end] -= bytes as i64;
+            pass.spans.entry(s).or_default().push((o.at, end, bytes));
+            if let Some(&last) = o.reads.last().filter(|&&r| r < n) {
+                pass.release[last].push(s);
+            }
+            if o.made && !o.reads.is_empty() {
+                pass.keep[o.at - 1].push(s);
+                pass.made.push(Interval {
+                    made_at: o.at - 1,
+                    reads: o.reads,
+                });
+            } else if !o.made && !o.swapped {
+                pass.start.push(s);
+            }
+        };
+        let mut open: AHashMap<StorageId, Open> = AHashMap::new();
+        let read = |open: &mut AHashMap<StorageId, Open>, u: StorageId, i: usize| {
+            if let Some(o) = open.get_mut(&u) {
+                o.reads.push(i);
+                return Some(());
+            }
+            let r = self.graph.st(u);
+            let (swapped, at, counted) = match r.residency {
+                Residency::Resident => (
+                    false,
+                    0,
+                    r.cand_pos != NONE || (r.holds > 0 && r.pins == r.holds),
+                ),
+                // A target in the host tier comes back through its `Need`.
+                Residency::Swapped if i == n => return Some(()),
+                Residency::Swapped => (true, i + 1, true),
+                Residency::Evicted => return None,
+            };
+            let reads = vec![i];
+            open.insert(
+                u,
+                Open {
+                    made: false,
+                    swapped,
+                    at,
+                    reads,
+                    counted,
+                },
+            );
+            Some(())
+        };
+        for i in 0..n {
+            let (op, again) = pass.ops[i];
             let rec = &self.graph.ops[op.0];
-            for &i in &rec.unique_inputs {
-                let r = self.graph.st(i);
-                if r.residency == Residency::Swapped && counted.insert(i) {
-                    live += r.bytes;
-                }
+            for &u in &rec.unique_inputs {
+                read(&mut open, u, i)?;
             }
-            let mut fresh = Vec::new();
             for &o in rec.outputs.iter().flatten() {
-                if self.graph.st(o).residency == Residency::Evicted && counted.insert(o) {
-                    live += self.graph.st(o).bytes;
-                    fresh.push(o);
+                // An op's first entry makes its evicted outputs; an entry
+                // again, its only output (the value the pass dropped).
+                if !again && self.graph.st(o).residency != Residency::Evicted {
+                    continue;
                 }
-            }
-            peak = peak.max(live);
-            for &i in &rec.unique_inputs {
-                if let Some(n) = reads.get_mut(&i) {
-                    *n -= 1;
-                    if *n == 0 && counted.contains(&i) {
-                        live -= self.graph.st(i).bytes;
-                    }
+                if let Some(prev) = open.remove(&o) {
+                    close(&mut pass, o, prev);
                 }
-            }
-            for o in fresh {
-                if !reads.contains_key(&o) {
-                    live -= self.graph.st(o).bytes;
-                }
+                let reads = Vec::new();
+                let at = i + 1;
+                open.insert(
+                    o,
+                    Open {
+                        made: true,
+                        swapped: false,
+                        at,
+                        reads,
+                        counted: true,
+                    },
+                );
             }
         }
-        peak
+        for &t in targets {
+            read(&mut open, t, n)?;
+        }
+        let mut left: Vec<(StorageId, Open)> = open.into_iter().collect();
+        left.sort_unstable_by_key(|(s, _)| s.0);
+        for (s, o) in left {
+            close(&mut pass, s, o);
+        }
+        pass.start.sort_unstable_by_key(|s| s.0);
+        let mut live = 0i64;
+        pass.live = (delta[..n + 2].iter())
+            .map(|&d| {
+                live += d;
+                live.max(0) as u64
+            })
+            .collect();
+        pass.peak = pass.live.iter().copied().max().unwrap_or(0);
+        let mut across = 0i64;
+        pass.across = (delta_across[..n + 2].iter())
+            .map(|&d| {
+                across += d;
+                across.max(0) as u64
+            })
+            .collect();
+        Some(pass)
     }
 
-    /// Run the region's ops in `order`, each once, every value with a read
-    /// left reserved (pinned) until its last read; the pins still taken are
-    /// in `reserved` when it returns. `Ok(false)` when an input is not
-    /// there to be read (the reservations rule it out; the work list then
-    /// goes on).
-    fn run_region(
-        &mut self,
-        order: &[OpId],
-        mut reads: AHashMap<StorageId, u32>,
-        reserved: &mut Vec<StorageId>,
-    ) -> Result<bool> {
-        let mut keys: Vec<StorageId> = reads.keys().copied().collect();
-        keys.sort_unstable_by_key(|s| s.0);
+    /// `pass`, or where its peak passes `avail`, the same order with values
+    /// dropped inside it and made again before their next read, until it
+    /// fits; `None` where it cannot be made to fit.
+    ///
+    /// Each step takes the position of the peak and, among the values live
+    /// there but not read there (made by an entry of the pass, the only
+    /// output of their op), drops the one whose drop lowers the bytes
+    /// over `avail`, summed over the pass, the most per ns of the op run
+    /// again; it ends where no drop lowers them. A drop adds one replay of
+    /// one op, and there are at most as many drops as the region has ops,
+    /// so a pass runs at most twice as many ops as its region (a count: an
+    /// op may be dropped more than once). The op run again reads its inputs then, which holds them
+    /// longer: each candidate is priced with that
+    /// ([`Runtime::over_after_drop`], exact: the pass taken is analysed
+    /// whole, and debug builds check the two agree), in the order of an
+    /// upper bound on what it can remove, and the search ends once no
+    /// bound left beats the best.
+    fn fit_pass(&self, mut pass: Pass, targets: &[StorageId], avail: u64) -> Option<Pass> {
+        let over = |p: &Pass| -> u64 { p.live.iter().map(|&l| l.saturating_sub(avail)).sum() };
+        let limit = pass.ops.len();
+        let mut drops = 0;
+        if pass.peak > avail && !self.may_fit(&pass, avail) {
+            return None;
+        }
+        while pass.peak > avail {
+            let (pos, _) =
+                (pass.live.iter().enumerate()).max_by_key(|&(p, &l)| (l, std::cmp::Reverse(p)))?;
+            if drops >= limit || pos == 0 || pos > pass.ops.len() {
+                return None;
+            }
+            let e = pos - 1;
+            let now = over(&pass);
+            // Bytes over `avail` by position, summed from the start (`sum`),
+            // and the positions over it (`count`): a drop that frees `bytes`
+            // over positions a..=b lowers the sum by at most
+            // min(bytes × count, sum) over them, which orders the
+            // candidates and ends the search once none can beat the best.
+            let (mut sum, mut count) = (vec![0u64], vec![0u64]);
+            for &l in &pass.live {
+                sum.push(sum.last().copied().unwrap_or(0) + l.saturating_sub(avail));
+                count.push(count.last().copied().unwrap_or(0) + u64::from(l > avail));
+            }
+            let mut candidates: Vec<(f64, usize, OpId, u64, usize)> = Vec::new();
+            let mut droppable = 0u64;
+            for iv in &pass.made {
+                if iv.made_at >= e || iv.reads.contains(&e) {
+                    continue;
+                }
+                let Some(&next) = iv.reads.iter().find(|&&r| r > e) else {
+                    continue;
+                };
+                let op = pass.ops[iv.made_at].0;
+                let rec = &self.graph.ops[op.0];
+                let Some(&value) = rec.outputs.iter().flatten().next() else {
+                    continue;
+                };
+                if rec.outputs.iter().flatten().count() != 1 {
+                    continue;
+                }
+                // Out from after its last read before `e` (or its entry)
+                // to its next read: positions a ..= b.
+                let last = iv.reads.iter().rev().find(|&&r| r < e).copied();
+                let (a, b) = (last.unwrap_or(iv.made_at) + 2, next);
+                let bytes = self.graph.st(value).bytes;
+                droppable += bytes;
+                let bound = (bytes * (count[b + 1] - count[a])).min(sum[b + 1] - sum[a]);
+                let price = rec.cost.max(0.0) + 1.0;
+                candidates.push((bound as f64 / price, next, op, bytes, a));
+            }
+            // What no drop can take from the peak's position stays there.
+            if pass.live[pos].saturating_sub(droppable) > avail {
+                return None;
+            }
+            candidates.sort_by(|x, y| y.0.total_cmp(&x.0));
+            let mut best: Option<(f64, usize, OpId, u64)> = None;
+            for (bound, next, op, bytes, out) in candidates {
+                if best.as_ref().is_some_and(|b| bound <= b.0) {
+                    break;
+                }
+                let Some(after) = self.over_after_drop(&pass, avail, now, op, bytes, out, next)
+                else {
+                    continue;
+                };
+                let gain = now.saturating_sub(after);
+                let score = gain as f64 / (self.graph.ops[op.0].cost.max(0.0) + 1.0);
+                if gain > 0 && best.as_ref().is_none_or(|b| score > b.0) {
+                    best = Some((score, next, op, after));
+                }
+            }
+            let (_, next, op, after) = best?;
+            let mut ops = pass.ops.clone();
+            ops.insert(next, (op, true));
+            pass = self.analyse_pass(ops, targets)?;
+            debug_assert_eq!(over(&pass), after, "a drop's price is its pass's");
+            drops += 1;
+        }
+        Some(pass)
+    }
+
+    /// The bytes over `avail`, summed over the positions of `pass` (`now`
+    /// before), once `op` runs again as a new entry at index `next` to make
+    /// its only output, of `bytes`, which is then out of memory from
+    /// position `out` to `next`'s; its inputs are held from their last read
+    /// to the new entry. What [`Runtime::analyse_pass`] would count for that
+    /// pass, without building it; `None` where an input is not resident by
+    /// then (not a topological order).
+    #[allow(clippy::too_many_arguments)]
+    fn over_after_drop(
+        &self,
+        pass: &Pass,
+        avail: u64,
+        now: u64,
+        op: OpId,
+        bytes: u64,
+        out: usize,
+        next: usize,
+    ) -> Option<u64> {
+        // Inputs held longer: (first position they now cover, bytes).
+        let mut longer: Vec<(usize, u64)> = Vec::new();
+        for &i in &self.graph.ops[op.0].unique_inputs {
+            let &(_, end, held) = (pass.spans.get(&i)?.iter())
+                .rev()
+                .find(|&&(at, _, _)| at <= next)?;
+            if end < next + 1 {
+                longer.push((end + 1, held));
+            }
+        }
+        let from = longer.iter().map(|&(p, _)| p).fold(out, usize::min);
+        let (mut before, mut after) = (0u64, 0u64);
+        for p in from..=next {
+            let mut live = pass.live[p];
+            before += live.saturating_sub(avail);
+            if p >= out {
+                live -= bytes;
+            }
+            live += (longer.iter())
+                .filter(|&&(q, _)| p >= q)
+                .map(|&(_, b)| b)
+                .sum::<u64>();
+            after += live.saturating_sub(avail);
+        }
+        // The new entry's position: what spans it, and the inputs held to it.
+        let inserted = pass.across[next] + longer.iter().map(|&(_, b)| b).sum::<u64>();
+        Some(now - before + after + inserted.saturating_sub(avail))
+    }
+
+    /// Whether at every position of `pass`, what no drop can take away
+    /// (values read there or made there, the start's, the host tier's, the
+    /// outputs of ops with several) fits `avail`: a necessary condition for
+    /// [`Runtime::fit_pass`], and one walk over the pass.
+    fn may_fit(&self, pass: &Pass, avail: u64) -> bool {
+        let mut delta = vec![0i64; pass.live.len() + 1];
+        for iv in &pass.made {
+            let rec = &self.graph.ops[pass.ops[iv.made_at].0 .0];
+            let mut outputs = rec.outputs.iter().flatten();
+            let (Some(&value), None) = (outputs.next(), outputs.next()) else {
+                continue;
+            };
+            let bytes = self.graph.st(value).bytes as i64;
+            // Strictly between consecutive events (positions: entry + 1).
+            let mut at = iv.made_at + 1;
+            for &r in &iv.reads {
+                if r + 1 > at + 1 {
+                    delta[at + 1] += bytes;
+                    delta[r + 1] -= bytes;
+                }
+                at = r + 1;
+            }
+        }
+        let mut droppable = 0i64;
+        (pass.live.iter().zip(&delta)).all(|(&live, &d)| {
+            droppable += d;
+            live.saturating_sub(droppable.max(0) as u64) <= avail
+        })
+    }
+
+    /// Run `pass`: every value with a read left is reserved (pinned) from
+    /// when it is resident to its last read before it is made again; an
+    /// entry that makes a dropped value again runs only if that value was
+    /// evicted meanwhile. The pins still taken are in `reserved` when it
+    /// returns. `Ok(false)` when an input is not there to be read (the
+    /// reservations rule it out; the work list then goes on).
+    fn run_region(&mut self, pass: &Pass, reserved: &mut Vec<StorageId>) -> Result<bool> {
         // Membership of `reserved` (a vector, so that releases keep one order).
-        let mut pinned: AHashSet<StorageId> = AHashSet::with_capacity(keys.len());
-        for s in keys {
+        let mut pinned: AHashSet<StorageId> = AHashSet::with_capacity(pass.start.len());
+        for &s in &pass.start {
             if self.graph.st(s).is_resident() {
                 self.graph.pin(s);
                 reserved.push(s);
                 pinned.insert(s);
             }
         }
-        for &op in order {
+        for (i, &(op, again)) in pass.ops.iter().enumerate() {
             let unique = self.graph.ops[op.0].unique_inputs.clone();
-            for &i in &unique {
-                match self.graph.st(i).residency {
+            for &u in &unique {
+                match self.graph.st(u).residency {
                     Residency::Resident => {}
                     Residency::Swapped => {
-                        self.swap_in(i)?;
-                        self.graph.pin(i);
-                        reserved.push(i);
-                        pinned.insert(i);
+                        self.swap_in(u)?;
+                        self.graph.pin(u);
+                        reserved.push(u);
+                        pinned.insert(u);
                     }
                     Residency::Evicted => return Ok(false),
                 }
             }
-            self.rematerialize_pinned(op, &unique)?;
+            let evicted = |o: &StorageId| self.graph.st(*o).residency == Residency::Evicted;
+            if !again || pass.keep[i].iter().any(evicted) {
+                self.rematerialize_pinned(op, &unique)?;
+                self.stats.ordered_recomputes += u64::from(again);
+            }
             let now = self.graph.clock;
-            for k in 0..self.graph.ops[op.0].outputs.len() {
-                let Some(o) = self.graph.ops[op.0].outputs[k] else {
-                    continue;
-                };
-                if reads.get(&o).is_some_and(|&n| n > 0)
-                    && self.graph.st(o).is_resident()
-                    && pinned.insert(o)
-                {
+            for &o in &pass.keep[i] {
+                if self.graph.st(o).is_resident() && pinned.insert(o) {
                     self.graph.pin(o);
                     reserved.push(o);
                 }
             }
-            for i in unique {
-                self.graph.st_mut(i).last_used = now;
-                let Some(n) = reads.get_mut(&i) else {
-                    continue;
-                };
-                *n -= 1;
-                if *n == 0 && pinned.remove(&i) {
-                    if let Some(p) = reserved.iter().rposition(|&r| r == i) {
+            for &u in &unique {
+                self.graph.st_mut(u).last_used = now;
+            }
+            for &s in &pass.release[i] {
+                if pinned.remove(&s) {
+                    if let Some(p) = reserved.iter().rposition(|&r| r == s) {
                         reserved.swap_remove(p);
                     }
-                    self.unpin_storage(i, false);
+                    self.unpin_storage(s, false);
                 }
             }
         }
@@ -448,7 +748,8 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(rt.pass_peak(order, &region.reads), 3 * B);
+            let ops = order.iter().map(|&op| (op, false)).collect();
+            assert_eq!(rt.analyse_pass(ops, &[d]).unwrap().peak, 3 * B);
         }
     }
 
@@ -473,6 +774,60 @@ mod tests {
         rt.frames.clear();
         assert!(rt.is_resident(ts[4]).unwrap());
         rt.check_invariants().unwrap();
+        for (&t, &v) in ts.iter().zip(&values) {
+            assert_eq!(*rt.access(t).unwrap(), v);
+        }
+    }
+
+    /// `x → a → b → c → e`, `d = f(a, e)`; `b`, `c`, `e` are 2 blocks, the
+    /// rest one; all but `x` evicted. The pass over `d`'s region holds `a`
+    /// from its replay to `d`'s: 5 blocks at `c`'s op, 6 with `x`. With
+    /// `ordered_recompute` and a budget of 5 blocks, it drops `a` after `b`
+    /// reads it and replays `a`'s op again before `d` (4 blocks at most):
+    /// one op more, the same values; without it nothing is replayed.
+    #[test]
+    fn a_pass_that_does_not_fit_recomputes_inside_it_where_that_fits() {
+        let run = |recompute: bool| {
+            let c = DtrConfig::default()
+                .with_budget(5 * B)
+                .with_budget_mode(BudgetMode::Logical)
+                .with_policy(PolicyKind::DtrEq)
+                .with_sampling(false)
+                .with_ordered_recompute(recompute);
+            let mut rt = Runtime::new(c).unwrap();
+            let x = rt.put(1, B).unwrap();
+            let (one, two) = ([OutputSpec::fresh(B)], [OutputSpec::fresh(2 * B)]);
+            let a = rt.apply(op(2), &[x], &one, 1).unwrap()[0];
+            let b = rt.apply(op(3), &[a], &two, 1).unwrap()[0];
+            let c = rt.apply(op(4), &[b], &two, 1).unwrap()[0];
+            let e = rt.apply(op(5), &[c], &two, 1).unwrap()[0];
+            let d = rt.apply(op(6), &[a, e], &one, 1).unwrap()[0];
+            let ts = [a, b, c, e, d];
+            let values: Vec<u64> = ts.iter().map(|&t| *rt.access(t).unwrap()).collect();
+            // The budget evicted some while they were made and read.
+            for &t in &ts {
+                if rt.is_resident(t).unwrap() {
+                    assert!(rt.evict(t).unwrap());
+                }
+            }
+            let target = rt.storage_of(d).unwrap();
+            let before = rt.stats().rematerializations;
+            let ran = rt.replay_region_in_order(&[target]).unwrap();
+            let replays = rt.stats().rematerializations - before;
+            (rt, ts, values, ran, replays)
+        };
+        let (_, _, _, ran, replays) = run(false);
+        assert!(!ran);
+        assert_eq!(replays, 0);
+
+        let (mut rt, ts, values, ran, replays) = run(true);
+        assert!(ran);
+        assert_eq!(replays, 6);
+        assert_eq!(rt.stats().ordered_recomputes, 1);
+        rt.frames.clear();
+        rt.check_invariants().unwrap();
+        assert!(rt.is_resident(ts[4]).unwrap());
+        assert_eq!(*rt.access(ts[4]).unwrap(), values[4]);
         for (&t, &v) in ts.iter().zip(&values) {
             assert_eq!(*rt.access(t).unwrap(), v);
         }
