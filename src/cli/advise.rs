@@ -42,8 +42,9 @@ pub struct AdviseArgs {
     /// msps, lru, largest, megengine, coop.
     #[arg(long, default_value = "remat")]
     pub policy: String,
-    /// Extra runtime settings in REMAT_DTR_CONF syntax; defaults come from
-    /// REMAT_DTR_CONF when set. advise turns the planner's random restarts
+    /// Extra runtime settings in REMAT_DTR_CONF syntax; without it they come
+    /// from REMAT_DTR_CONF when set (`--conf` replaces that variable's
+    /// settings, it does not add to them). advise turns the planner's random restarts
     /// off (`plan_restarts:0`) unless these set them: each budget plans
     /// several times faster (on lstm, steady overheads move by 0.01 at most).
     #[arg(long)]

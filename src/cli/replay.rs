@@ -43,7 +43,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value = "physical")]
     pub budget_mode: String,
     /// Extra runtime settings in REMAT_DTR_CONF syntax (e.g. `sampling:off,seed:7`);
-    /// defaults come from REMAT_DTR_CONF when set.
+    /// without it they come from REMAT_DTR_CONF when set (`--conf` replaces
+    /// that variable's settings, it does not add to them).
     #[arg(long)]
     pub conf: Option<String>,
     /// Allocator settings of physical budgets in REMAT_ALLOC_CONF syntax (e.g.

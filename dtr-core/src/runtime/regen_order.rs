@@ -439,8 +439,8 @@ impl<V> Runtime<V> {
     /// again; it ends where no drop lowers them. A drop adds one replay of
     /// one op, and there are at most as many drops as the region has ops,
     /// so a pass runs at most twice as many ops as its region (a count: an
-    /// op may be dropped more than once). The op run again reads its inputs then, which holds them
-    /// longer: each candidate is priced with that
+    /// op may be dropped more than once). The op run again reads its inputs
+    /// then, which holds them longer: each candidate is priced with that
     /// ([`Runtime::over_after_drop`], exact: the pass taken is analysed
     /// whole, and debug builds check the two agree), in the order of an
     /// upper bound on what it can remove, and the search ends once no
