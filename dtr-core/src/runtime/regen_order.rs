@@ -410,21 +410,9 @@ impl<V> Runtime<V> {
             close(&mut pass, s, o);
         }
         pass.start.sort_unstable_by_key(|s| s.0);
-        let mut live = 0i64;
-        pass.live = (delta[..n + 2].iter())
-            .map(|&d| {
-                live += d;
-                live.max(0) as u64
-            })
-            .collect();
+        pass.live = running_sum(&delta[..n + 2]);
         pass.peak = pass.live.iter().copied().max().unwrap_or(0);
-        let mut across = 0i64;
-        pass.across = (delta_across[..n + 2].iter())
-            .map(|&d| {
-                across += d;
-                across.max(0) as u64
-            })
-            .collect();
+        pass.across = running_sum(&delta_across[..n + 2]);
         Some(pass)
     }
 
@@ -447,6 +435,8 @@ impl<V> Runtime<V> {
     /// bound left beats the best.
     fn fit_pass(&self, mut pass: Pass, targets: &[StorageId], avail: u64) -> Option<Pass> {
         let over = |p: &Pass| -> u64 { p.live.iter().map(|&l| l.saturating_sub(avail)).sum() };
+        // What a drop replays: its op's ns, and one so a free op still costs.
+        let price = |op: OpId| self.graph.ops[op.0].cost.max(0.0) + 1.0;
         let limit = pass.ops.len();
         let mut drops = 0;
         if pass.peak > avail && !self.may_fit(&pass, avail) {
@@ -480,13 +470,9 @@ impl<V> Runtime<V> {
                     continue;
                 };
                 let op = pass.ops[iv.made_at].0;
-                let rec = &self.graph.ops[op.0];
-                let Some(&value) = rec.outputs.iter().flatten().next() else {
+                let Some(value) = self.only_output(op) else {
                     continue;
                 };
-                if rec.outputs.iter().flatten().count() != 1 {
-                    continue;
-                }
                 // Out from after its last read before `e` (or its entry)
                 // to its next read: positions a ..= b.
                 let last = iv.reads.iter().rev().find(|&&r| r < e).copied();
@@ -494,8 +480,7 @@ impl<V> Runtime<V> {
                 let bytes = self.graph.st(value).bytes;
                 droppable += bytes;
                 let bound = (bytes * (count[b + 1] - count[a])).min(sum[b + 1] - sum[a]);
-                let price = rec.cost.max(0.0) + 1.0;
-                candidates.push((bound as f64 / price, next, op, bytes, a));
+                candidates.push((bound as f64 / price(op), next, op, bytes, a));
             }
             // What no drop can take from the peak's position stays there.
             if pass.live[pos].saturating_sub(droppable) > avail {
@@ -512,7 +497,7 @@ impl<V> Runtime<V> {
                     continue;
                 };
                 let gain = now.saturating_sub(after);
-                let score = gain as f64 / (self.graph.ops[op.0].cost.max(0.0) + 1.0);
+                let score = gain as f64 / price(op);
                 if gain > 0 && best.as_ref().is_none_or(|b| score > b.0) {
                     best = Some((score, next, op, after));
                 }
@@ -581,9 +566,7 @@ impl<V> Runtime<V> {
     fn may_fit(&self, pass: &Pass, avail: u64) -> bool {
         let mut delta = vec![0i64; pass.live.len() + 1];
         for iv in &pass.made {
-            let rec = &self.graph.ops[pass.ops[iv.made_at].0 .0];
-            let mut outputs = rec.outputs.iter().flatten();
-            let (Some(&value), None) = (outputs.next(), outputs.next()) else {
+            let Some(value) = self.only_output(pass.ops[iv.made_at].0) else {
                 continue;
             };
             let bytes = self.graph.st(value).bytes as i64;
@@ -602,6 +585,16 @@ impl<V> Runtime<V> {
             droppable += d;
             live.saturating_sub(droppable.max(0) as u64) <= avail
         })
+    }
+
+    /// `op`'s output where it has exactly one (not yet deleted): the only
+    /// outputs a pass may drop, since running the op again makes just it.
+    fn only_output(&self, op: OpId) -> Option<StorageId> {
+        let mut outputs = self.graph.ops[op.0].outputs.iter().flatten();
+        match (outputs.next(), outputs.next()) {
+            (Some(&value), None) => Some(value),
+            _ => None,
+        }
     }
 
     /// Run `pass`: every value with a read left is reserved (pinned) from
@@ -676,6 +669,18 @@ impl<V> Runtime<V> {
         touched.clear();
         self.touched = touched;
     }
+}
+
+/// The running sums of `deltas`, each at least 0: bytes by position from
+/// the changes at each.
+fn running_sum(deltas: &[i64]) -> Vec<u64> {
+    let mut sum = 0i64;
+    (deltas.iter())
+        .map(|&d| {
+            sum += d;
+            sum.max(0) as u64
+        })
+        .collect()
 }
 
 #[cfg(test)]
